@@ -110,10 +110,13 @@ class Plan:
     ``padding`` are rows the batch pays for without producing tokens.
     ``wake_at_s`` asks to be called again at that time if nothing else happens first (an empty
     ``run`` with ``wake_at_s=None`` means: wait for the next arrival).
+    ``reject`` maps waiting request ids the policy can never serve to a reason (e.g. a prompt
+    longer than its token budget); the engine records them as rejected instead of hanging.
     """
 
     run: Mapping[int, int] = field(default_factory=dict)
     preempt: tuple[int, ...] = ()
+    reject: Mapping[int, str] = field(default_factory=dict)
     padding: tuple[PaddingRow, ...] = ()
     wake_at_s: float | None = None
 

@@ -1,0 +1,125 @@
+"""The policy registry and base class: one method, ``schedule(view) -> Plan``.
+
+Policies are small dataclasses registered by name; ``make_policy`` builds one from a YAML-style
+mapping and turns an unknown name or parameter into a ``PolicyError`` that lists what is
+accepted. A policy orders and packs; it never mutates requests, allocates KV, advances time or
+records metrics — the engine does all that and validates every plan against the limits a policy
+declares (``max_num_seqs``, ``max_num_batched_tokens``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from sim.types import Plan, View
+
+
+class PolicyError(ValueError):
+    """A policy name or parameter is unknown or invalid."""
+
+
+class Policy:
+    """Base class of every batching policy.
+
+    Subclasses are dataclasses whose fields are their parameters (each with a default and a
+    docstring line in the class docstring). ``slot_capacity`` is the number of batch rows the
+    policy can fill, used for the ``slot_utilization`` metric.
+    """
+
+    name: ClassVar[str] = "policy"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def schedule(self, view: View) -> Plan:
+        """Decide what the next step computes."""
+        raise NotImplementedError
+
+    @property
+    def slot_capacity(self) -> int | None:
+        """Rows a full batch has (``None`` when unbounded)."""
+        return self.max_num_seqs
+
+    def _require(self, ok: bool, field: str, problem: str) -> None:
+        """Raise a ``PolicyError`` naming this policy and parameter unless ``ok``."""
+        if not ok:
+            raise PolicyError(f"policy {self.name!r}: {field}: {problem}")
+
+
+_REGISTRY: dict[str, type[Policy]] = {}
+
+
+def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
+    """Class decorator adding a policy under ``name``."""
+
+    def deco(cls: type[Policy]) -> type[Policy]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise PolicyError(f"policy name {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def registered() -> dict[str, type[Policy]]:
+    """All registered policies by name (a copy)."""
+    return dict(_REGISTRY)
+
+
+def policy_params(cls: type[Policy]) -> dict[str, Any]:
+    """Parameter names of a policy class with their defaults."""
+    return {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+
+def make_policy(spec: str | Mapping[str, Any] | Policy) -> Policy:
+    """Build a policy from ``"name"`` or ``{"name": ..., **params}`` (or pass one through)."""
+    if isinstance(spec, Policy):
+        return spec
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        raise PolicyError("policy: expected a mapping with a 'name' key, e.g. "
+                          "{name: continuous, max_num_seqs: 64}")
+    params = dict(spec)
+    name = params.pop("name")
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        hint = difflib.get_close_matches(str(name), _REGISTRY, n=1)
+        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise PolicyError(f"policy.name: unknown policy {name!r}{extra}; accepted: "
+                          f"{', '.join(sorted(_REGISTRY))}")
+    accepted = policy_params(cls)
+    for key in params:
+        if key not in accepted:
+            hint = difflib.get_close_matches(key, accepted, n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise PolicyError(f"policy.{key}: unknown parameter of {name!r}{extra}; accepted: "
+                              f"{', '.join(accepted)}")
+    for key, value in params.items():
+        default = accepted[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise PolicyError(f"policy.{key}: expected true/false, got {value!r}")
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+                isinstance(value, bool) or not isinstance(value, (int, float))):
+            if value is not None:
+                raise PolicyError(f"policy.{key}: expected a number, got {value!r}")
+        if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
+            if not value.is_integer():
+                raise PolicyError(f"policy.{key}: expected an integer, got {value!r}")
+            params[key] = int(value)
+    return cls(**params)
+
+
+def check_positive(policy: Policy, **values: float | None) -> None:
+    """Validate that each named parameter is ``None`` or > 0."""
+    for key, value in values.items():
+        policy._require(value is None or value > 0, key, f"must be > 0, got {value!r}")
+
+
+def scheduled_tokens(plan: Plan) -> int:
+    """Total tokens a plan computes for real requests."""
+    return sum(plan.run.values())
+
+

@@ -1,0 +1,221 @@
+"""Per-iteration logging and the summary metrics (names follow ``vllm bench serve``).
+
+The step log appends plain Python numbers to column lists inside the loop (no DataFrame work
+on the hot path); tables and the summary are built once at the end. Inter-token latencies are
+kept exactly without per-token objects: a token produced one step after its predecessor has an
+ITL equal to that step's duration, so each step stores a count of such tokens, and only the
+irregular gaps (after a stall or a preemption) are stored individually.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_seqs", "num_prefill_tokens",
+                "num_decode_tokens", "num_padding_tokens", "num_padding_rows", "num_waiting",
+                "kv_used_blocks", "flops", "bytes", "bound", "num_regular_itl")
+
+REQUEST_COLUMNS = ("id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+                   "ttft_s", "tpot_s", "e2e_s", "max_itl_s", "num_preemptions",
+                   "num_prompt_tokens", "num_output_tokens", "num_generated", "status",
+                   "reason", "replica")
+
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+STATS = ("mean", "median", "p90", "p99")
+
+
+@dataclass
+class StepLog:
+    """Column lists of per-step records plus the irregular inter-token gaps."""
+
+    cols: dict[str, list] = field(default_factory=lambda: {c: [] for c in STEP_COLUMNS})
+    irregular_itl: list[float] = field(default_factory=list)
+
+    def record(self, replica: int, start: float, duration: float, num_seqs: int,
+               num_prefill: int, num_decode: int, num_padding: int, num_padding_rows: int,
+               num_waiting: int, kv_used: int, step: Any, regular_itl: int) -> None:
+        """Append one step."""
+        c = self.cols
+        c["replica"].append(replica)
+        c["start_s"].append(start)
+        c["duration_s"].append(duration)
+        c["num_seqs"].append(num_seqs)
+        c["num_prefill_tokens"].append(num_prefill)
+        c["num_decode_tokens"].append(num_decode)
+        c["num_padding_tokens"].append(num_padding)
+        c["num_padding_rows"].append(num_padding_rows)
+        c["num_waiting"].append(num_waiting)
+        c["kv_used_blocks"].append(kv_used)
+        c["flops"].append(step.flops)
+        c["bytes"].append(step.bytes)
+        c["bound"].append(step.bound)
+        c["num_regular_itl"].append(regular_itl)
+
+    def table(self) -> pd.DataFrame:
+        """The per-iteration table."""
+        return pd.DataFrame(self.cols, columns=list(STEP_COLUMNS))
+
+
+def request_table(seqs: list) -> pd.DataFrame:
+    """One row per request, in id order, from the engine's final request states."""
+    n = len(seqs)
+    arr = {c: np.empty(n) for c in ("arrival_s", "first_scheduled_s", "first_token_s",
+                                    "finish_s", "max_itl_s")}
+    ints = {c: np.empty(n, dtype=np.int64) for c in ("id", "num_preemptions",
+                                                     "num_prompt_tokens", "num_output_tokens",
+                                                     "num_generated", "replica")}
+    status, reason = [], []
+    for i, s in enumerate(seqs):
+        r = s.req
+        ints["id"][i] = r.id
+        arr["arrival_s"][i] = r.arrival_s
+        arr["first_scheduled_s"][i] = s.first_scheduled_s
+        arr["first_token_s"][i] = s.first_token_s
+        arr["finish_s"][i] = s.finish_s
+        arr["max_itl_s"][i] = s.max_itl_s
+        ints["num_preemptions"][i] = s.num_preemptions
+        ints["num_prompt_tokens"][i] = r.num_prompt_tokens
+        ints["num_output_tokens"][i] = r.num_output_tokens
+        ints["num_generated"][i] = s.num_generated
+        ints["replica"][i] = s.replica
+        status.append(s.status)
+        reason.append(s.reason)
+    df = pd.DataFrame({**ints, **arr, "status": status, "reason": reason})
+    done = df["status"].to_numpy() == "finished"
+    df["ttft_s"] = np.where(done, df["first_token_s"] - df["arrival_s"], np.nan)
+    df["e2e_s"] = np.where(done, df["finish_s"] - df["arrival_s"], np.nan)
+    n_out = df["num_output_tokens"].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = (df["finish_s"] - df["first_token_s"]).to_numpy() / (n_out - 1)
+    df["tpot_s"] = np.where(done & (n_out > 1), tpot, np.nan)
+    return df[list(REQUEST_COLUMNS)]
+
+
+def _stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
+    """Mean, median, p90, p99 in milliseconds (weighted when ``weights`` is given)."""
+    if weights is not None:
+        keep = weights > 0
+        values, weights = values[keep], weights[keep]
+    else:
+        values = values[~np.isnan(values)]
+    if values.size == 0:
+        return dict.fromkeys(STATS, float("nan"))
+    if weights is None:
+        q = np.percentile(values, [50, 90, 99])
+        return {"mean": values.mean() * 1e3, "median": q[0] * 1e3, "p90": q[1] * 1e3,
+                "p99": q[2] * 1e3}
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order].astype(float)
+    cum = np.cumsum(w)
+    total = cum[-1]
+    out = {"mean": float((v * w).sum() / total) * 1e3}
+    # Inverted-CDF percentile of the weighted sample: identical to expanding the counts.
+    for name, p in (("median", 50), ("p90", 90), ("p99", 99)):
+        pos = p / 100 * (total - 1)
+        lo = int(np.searchsorted(cum, np.floor(pos) + 1))
+        hi = int(np.searchsorted(cum, np.ceil(pos) + 1))
+        frac = pos - np.floor(pos)
+        out[name] = float(v[lo] + (v[hi] - v[lo]) * frac) * 1e3
+    return out
+
+
+def itl_sample(steps: pd.DataFrame, irregular: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """All inter-token latencies as (values, counts): per-step durations plus irregular gaps."""
+    vals = np.concatenate([steps["duration_s"].to_numpy(dtype=float), np.asarray(irregular)])
+    counts = np.concatenate([steps["num_regular_itl"].to_numpy(dtype=float),
+                             np.ones(len(irregular))])
+    return vals, counts
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: list[float], *,
+              peak_flops: float | None, peak_bytes_per_s: float | None,
+              slot_capacity: int | None, num_replicas: int, kv_total_blocks: int | None,
+              warmup_s: float = 0.0, cooldown_s: float = 0.0,
+              slos: dict[str, float] | None = None) -> dict[str, float]:
+    """The summary columns of DESIGN section 5.
+
+    Requests are counted when they arrive inside [first arrival + ``warmup_s``, last arrival −
+    ``cooldown_s``]; steps when they start inside the same window. ``duration`` runs from the
+    window's first arrival to its last finish.
+    """
+    if len(requests):
+        t0 = requests["arrival_s"].min() + warmup_s
+        t1 = requests["arrival_s"].max() - cooldown_s
+        win = requests[(requests["arrival_s"] >= t0) & (requests["arrival_s"] <= t1)]
+    else:
+        win, t0 = requests, 0.0
+    done = win[win["status"] == "finished"]
+    end = float(done["finish_s"].max()) if len(done) else t0
+    duration = max(end - (float(win["arrival_s"].min()) if len(win) else 0.0), 0.0)
+    st = steps[(steps["start_s"] >= t0) & (steps["start_s"] <= end)] if len(steps) else steps
+    out_tokens = float(done["num_output_tokens"].sum())
+    in_tokens = float(done["num_prompt_tokens"].sum())
+    per = duration if duration > 0 else float("nan")
+    s: dict[str, float] = {
+        "completed": int(len(done)),
+        "num_rejected": int((win["status"] == "rejected").sum()),
+        "num_unfinished": int(win["status"].isin(["waiting", "running"]).sum()),
+        "duration": duration,
+        "request_throughput": len(done) / per,
+        "output_throughput": out_tokens / per,
+        "total_token_throughput": (out_tokens + in_tokens) / per,
+    }
+    samples = {
+        "ttft": (done["ttft_s"].to_numpy(float), None),
+        "tpot": (done["tpot_s"].to_numpy(float), None),
+        "e2el": (done["e2e_s"].to_numpy(float), None),
+        "itl": itl_sample(st, irregular_itl if not (warmup_s or cooldown_s) else []),
+    }
+    for metric in LATENCIES:
+        vals, w = samples[metric]
+        for stat, v in _stats(vals, w).items():
+            s[f"{stat}_{metric}_ms"] = float(v)
+    dur = st["duration_s"].to_numpy(float)
+    busy = float(dur.sum())
+    rows = st["num_seqs"].to_numpy(float)
+    pad_rows = st["num_padding_rows"].to_numpy(float)
+    real_tok = (st["num_prefill_tokens"] + st["num_decode_tokens"]).to_numpy(float)
+    pad_tok = st["num_padding_tokens"].to_numpy(float)
+    all_tok = real_tok + pad_tok
+    span = duration * num_replicas
+    s["busy_fraction"] = busy / span if span > 0 else float("nan")
+    useful = np.divide(real_tok, all_tok, out=np.zeros_like(real_tok), where=all_tok > 0)
+    flops = float((st["flops"].to_numpy(float) * useful).sum())
+    s["mfu"] = flops / (span * peak_flops) if peak_flops and span > 0 else float("nan")
+    nbytes = float(st["bytes"].to_numpy(float).sum())
+    s["mbu"] = nbytes / (span * peak_bytes_per_s) if peak_bytes_per_s and span > 0 \
+        else float("nan")
+    slots = slot_capacity if slot_capacity else np.maximum(rows + pad_rows, 1)
+    s["slot_utilization"] = float((dur * rows / slots).sum() / busy) if busy > 0 \
+        else float("nan")
+    s["padding_fraction"] = float(pad_tok.sum() / all_tok.sum()) if all_tok.sum() > 0 else 0.0
+    s["mean_batch_size"] = float(rows.mean()) if len(rows) else 0.0
+    s["num_preemptions"] = int(win["num_preemptions"].sum())
+    s["max_kv_usage"] = (float(st["kv_used_blocks"].max()) / kv_total_blocks
+                         if kv_total_blocks and len(st) else float("nan"))
+    s["mean_kv_usage"] = (float((st["kv_used_blocks"].to_numpy(float) * dur).sum() / busy)
+                          / kv_total_blocks if kv_total_blocks and busy > 0 else float("nan"))
+    s["num_steps"] = int(len(st))
+    if slos:
+        s.update(slo_attainment(done, len(win), slos, per))
+    return s
+
+
+SLO_KEYS = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "e2el_ms": "e2e_s"}
+
+
+def slo_attainment(done: pd.DataFrame, num_requests: int, slos: dict[str, float],
+                   duration: float) -> dict[str, float]:
+    """Share of requests meeting every per-request SLO, and goodput (DistServe's definition)."""
+    ok = np.ones(len(done), dtype=bool)
+    for key, limit_ms in slos.items():
+        col = SLO_KEYS[key]
+        vals = done[col].to_numpy(float)
+        # A single-token request has no TPOT; it cannot violate a TPOT SLO.
+        ok &= np.where(np.isnan(vals), True, vals * 1e3 <= limit_ms)
+    good = int(ok.sum())
+    return {"slo_attainment": good / num_requests if num_requests else float("nan"),
+            "request_goodput": good / duration}

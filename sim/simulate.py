@@ -1,0 +1,111 @@
+"""``sim.simulate``: run requests through a policy and cost model, return tables and a summary.
+
+Builds the replicas (requests are routed round-robin by arrival order, a deterministic rule
+fixed before the run), starts one SimPy process per replica and turns the final state into a
+``SimResult``.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import simpy
+
+from policies import make_policy
+from policies.registry import Policy
+from sim.cost import CostModel
+from sim.engine import Replica
+from sim.kv import UNLIMITED_BLOCKS, KVConfig
+from sim.metrics import StepLog, request_table, summarize
+from sim.state import Seq
+from sim.types import Request
+
+KV_KEYS = ("num_blocks", "block_size", "allocator", "reserve_tokens",
+           "gpu_memory_utilization", "activation_reserve_gb")
+
+
+@dataclass
+class SimResult:
+    """What one simulation produced."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict[str, Any]
+    irregular_itl: list[float] = field(default_factory=list)
+    kv: KVConfig | None = None
+
+
+def resolve_kv(kv: Mapping[str, Any] | KVConfig | None, cost: CostModel) -> KVConfig:
+    """Turn the ``kv`` argument into a ``KVConfig``.
+
+    ``None`` is unlimited. Without ``num_blocks`` the capacity comes from the cost model
+    (``kv_capacity_tokens``: HBM × utilization − weights − activation reserve), which only a
+    roofline model knows; analytic models then need an explicit ``num_blocks``.
+    """
+    if isinstance(kv, KVConfig):
+        return kv
+    if kv is None:
+        return KVConfig(num_blocks=UNLIMITED_BLOCKS, unlimited=True)
+    unknown = set(kv) - set(KV_KEYS)
+    if unknown:
+        raise ValueError(f"kv: unknown key(s) {sorted(unknown)}; accepted: {', '.join(KV_KEYS)}")
+    block_size = int(kv.get("block_size", 16))
+    num_blocks = kv.get("num_blocks")
+    if num_blocks is None:
+        capacity = getattr(cost, "kv_capacity_tokens", None)
+        if capacity is None:
+            raise ValueError("kv.num_blocks: required when the cost model has no hardware "
+                             "profile to derive KV capacity from")
+        extra = {k: kv[k] for k in ("gpu_memory_utilization", "activation_reserve_gb")
+                 if k in kv}
+        num_blocks = int(capacity(**extra)) // block_size
+        if num_blocks < 1:
+            raise ValueError("kv: no memory left for the KV cache after the weights")
+    return KVConfig(num_blocks=int(num_blocks), block_size=block_size,
+                    allocator=kv.get("allocator", "paged"),
+                    reserve_tokens=kv.get("reserve_tokens"))
+
+
+def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Policy,
+             cost: CostModel, kv: Mapping[str, Any] | KVConfig | None = None, seed: int = 0,
+             *, num_replicas: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0,
+             slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
+             checks: bool = False) -> SimResult:
+    """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
+
+    ``policy`` is a registry spec such as ``{"name": "continuous", "max_num_seqs": 64}``;
+    each replica gets its own instance. ``kv=None`` means unlimited KV. ``seed`` is recorded
+    and reserved for stochastic policies (the engine itself draws nothing at random).
+    ``checks`` turns on deep per-step invariant checks (used by the tests).
+    """
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    reqs = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+    ids = {r.id for r in reqs}
+    if len(ids) != len(reqs):
+        raise ValueError("request ids must be unique")
+    kv_config = resolve_kv(kv, cost)
+    seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
+    log = StepLog()
+    env = simpy.Environment()
+    policies = [make_policy(policy) for _ in range(num_replicas)]
+    for k in range(num_replicas):
+        mine = reqs[k::num_replicas]
+        rep = Replica(k, mine, policies[k], cost, kv_config, log, seqs, checks=checks,
+                      horizon_s=horizon_s)
+        env.process(rep.process(env))
+    env.run()
+    steps = log.table()
+    if num_replicas > 1 and len(steps):
+        steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
+    table = request_table(sorted(seqs.values(), key=lambda s: s.req.id))
+    summary = summarize(
+        table, steps, log.irregular_itl, peak_flops=getattr(cost, "peak_flops", None),
+        peak_bytes_per_s=getattr(cost, "peak_bytes_per_s", None),
+        slot_capacity=policies[0].slot_capacity, num_replicas=num_replicas,
+        kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,
+        warmup_s=warmup_s, cooldown_s=cooldown_s, slos=dict(slos) if slos else None)
+    summary["seed"] = seed
+    return SimResult(table, steps, summary, log.irregular_itl, kv_config)

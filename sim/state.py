@@ -1,0 +1,122 @@
+"""Engine-owned mutable state of one request; only the engine touches it.
+
+The "computed tokens catch up" rule (vLLM v1): a step computes ``n`` of the request's
+``num_uncomputed`` tokens; when ``num_computed`` reaches prompt + generated, one new token is
+sampled. A prefill's last chunk therefore yields the first token, each decode step one more,
+and a recompute after preemption re-prefills prompt + generated tokens before sampling again.
+"""
+from __future__ import annotations
+
+import math
+
+from sim.types import Request, SeqView
+
+#: ``Seq.advance`` result for a token produced one step after the previous one: its
+#: inter-token latency is exactly that step's duration, so the step log counts it instead of
+#: storing it (keeps memory linear in steps, not tokens).
+REGULAR_ITL = -1.0
+
+NAN = math.nan
+
+
+class Seq:
+    """Progress, KV holding and timestamps of one request."""
+
+    __slots__ = ("req", "num_generated", "num_computed", "num_blocks", "num_preemptions",
+                 "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
+                 "max_itl_s", "status", "reason", "replica", "_view")
+
+    def __init__(self, req: Request, replica: int = 0) -> None:
+        self.req = req
+        self.replica = replica
+        self.num_generated = 0
+        self.num_computed = 0
+        self.num_blocks = 0
+        self.num_preemptions = 0
+        self.first_scheduled_s = NAN
+        self.first_token_s = NAN
+        self.last_token_s = NAN
+        self.finish_s = NAN
+        self.max_itl_s = 0.0
+        self.status = "waiting"
+        self.reason = ""
+        self._view: SeqView | None = None
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens to compute before the next sample."""
+        return self.req.num_prompt_tokens + self.num_generated - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        """True once every output token has been produced."""
+        return self.status == "finished"
+
+    def view(self) -> SeqView:
+        """The frozen snapshot a policy sees (cached until the state changes)."""
+        v = self._view
+        if v is None:
+            r = self.req
+            v = SeqView(r.id, r.arrival_s, r.num_prompt_tokens, self.num_generated,
+                        self.num_computed, self.num_preemptions, self.num_blocks, r.priority)
+            self._view = v
+        return v
+
+    def schedule(self, now: float) -> None:
+        """Mark the request as running (first time: record when it was first scheduled)."""
+        if self.first_scheduled_s != self.first_scheduled_s:  # NaN: never scheduled before
+            self.first_scheduled_s = now
+        self.status = "running"
+        self._view = None
+
+    def advance(self, n: int, start: float, end: float) -> float | None:
+        """Commit ``n`` computed tokens at ``end``; return the new token's ITL if one was sampled.
+
+        Returns ``None`` when no token was sampled or it was the first one, ``REGULAR_ITL`` when
+        the previous token came at ``start`` (ITL == step duration), else the gap in seconds.
+        """
+        self._view = None
+        self.num_computed += n
+        if self.num_computed < self.req.num_prompt_tokens + self.num_generated:
+            return None
+        self.num_generated += 1
+        last = self.last_token_s
+        self.last_token_s = end
+        if self.num_generated >= self.req.num_output_tokens:
+            self.status = "finished"
+            self.finish_s = end
+        if self.num_generated == 1:
+            self.first_token_s = end
+            return None
+        gap = end - last
+        if gap > self.max_itl_s:
+            self.max_itl_s = gap
+        return REGULAR_ITL if last == start else gap
+
+    def preempt(self) -> None:
+        """Drop the KV (recompute): everything computed must be computed again."""
+        self.num_computed = 0
+        self.num_blocks = 0
+        self.num_preemptions += 1
+        self.status = "waiting"
+        self._view = None
+
+    def reject(self, now: float, reason: str) -> None:
+        """The request will never be served; record why."""
+        self.num_blocks = 0
+        self.num_computed = 0
+        self.status = "rejected"
+        self.reason = reason
+        self.finish_s = now
+        self._view = None
+
+    def check(self, block_size: int) -> None:
+        """Assert this running request's counters are consistent."""
+        r = self.req
+        if not (0 <= self.num_computed <= r.num_prompt_tokens + self.num_generated):
+            raise AssertionError(f"request {r.id}: computed {self.num_computed} out of range")
+        if self.num_generated > r.num_output_tokens:
+            raise AssertionError(f"request {r.id}: generated more tokens than its output")
+        if self.num_blocks * block_size < self.num_computed:
+            raise AssertionError(f"request {r.id}: runs without its KV ({self.num_blocks} "
+                                 f"blocks for {self.num_computed} tokens)")
