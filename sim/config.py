@@ -1,0 +1,223 @@
+"""Loading, validating, overriding and expanding experiment configs.
+
+Everything is checked before any simulation starts, and every problem becomes one
+``ConfigError`` line naming the file and the dotted path (the CLI exits with code 2).
+Sweeps expand to a list of ``RunSpec``: the resolved config of each run plus the swept values
+that label it in ``summary.csv``.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.schema import SCHEMA, Key, lookup
+
+
+class ConfigError(ValueError):
+    """A bad experiment config: ``str()`` is the one-line message shown to the user."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of an experiment: its resolved config and the swept values that label it."""
+
+    config: dict[str, Any]
+    swept: dict[str, Any]
+    label: str
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read an experiment YAML (``yaml.safe_load`` only) into a mapping."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level")
+    return data
+
+
+def _type_ok(value: Any, key: Key) -> bool:
+    if isinstance(value, bool) and bool not in key.types:
+        return False
+    if isinstance(value, int) and float in key.types:
+        return True
+    return isinstance(value, key.types)
+
+
+def _check_value(value: Any, key: Key, path: str) -> Any:
+    """Validate one leaf value; return it normalised (ints accepted where floats are)."""
+    if not _type_ok(value, key):
+        want = " or ".join(sorted({t.__name__.replace("NoneType", "null") for t in key.types}))
+        raise ConfigError(f"{path}: expected {want}, got {type(value).__name__} {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{path}: must be finite, got {value!r}")
+    if key.choices and value not in key.choices:
+        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(str, key.choices))}")
+    if key.minimum is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        bad = value <= key.minimum if key.exclusive_min else value < key.minimum
+        if bad:
+            rel = ">" if key.exclusive_min else ">="
+            raise ConfigError(f"{path}: must be {rel} {key.minimum}, got {value!r}")
+    return value
+
+
+def _unknown(key: str, known: Any, path: str) -> ConfigError:
+    hint = difflib.get_close_matches(key, list(known), n=1)
+    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return ConfigError(f"{path}: unknown key{extra}; accepted: {', '.join(known)}")
+
+
+def validate(data: dict[str, Any], schema: dict[str, Any] = SCHEMA,
+             prefix: str = "") -> dict[str, Any]:
+    """Check ``data`` against ``schema`` and return a copy with every default filled in."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if not isinstance(key, str) or key not in schema:
+            raise _unknown(str(key), schema, path)
+        node = schema[key]
+        if isinstance(node, dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
+            out[key] = validate(value, node, path + ".")
+        else:
+            out[key] = _check_value(value, node, path)
+    for key, node in schema.items():
+        if key in out:
+            continue
+        if isinstance(node, dict):
+            out[key] = validate({}, node, f"{prefix}{key}.")
+        elif node.required:
+            raise ConfigError(f"{prefix}{key}: required key missing")
+        else:
+            out[key] = copy.deepcopy(node.default)
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``dotted.key=value``; the value is parsed as YAML (so ``4`` is a number)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected dotted.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``data[a][b][c] = value`` for ``path`` 'a.b.c', creating mappings as needed."""
+    parts = path.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[:i + 1])}: is not a mapping, cannot set {path}")
+        node = child
+    node[parts[-1]] = value
+
+
+def _check_path(path: str) -> None:
+    """Reject an override or sweep key that the schema cannot hold."""
+    head = path.split(".")[0]
+    if head in ("workload", "policy", "sweep", "zip"):
+        return
+    if lookup(path) is None:
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        node = lookup(parent) if parent else SCHEMA
+        known = node if isinstance(node, dict) else {}
+        raise _unknown(path.rsplit(".", 1)[-1], known, path)
+
+
+def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
+            source: str) -> list[dict[str, Any]]:
+    """The list of swept-value dicts: Cartesian product of ``sweep`` × one zipped group."""
+    axes: list[list[dict[str, Any]]] = []
+    for key, values in (sweep or {}).items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{source}: sweep.{key}: expected a non-empty list of values")
+        _check_path(key)
+        axes.append([{key: v} for v in values])
+    if zipped:
+        lengths = {k: len(v) if isinstance(v, list) else -1 for k, v in zipped.items()}
+        if min(lengths.values()) < 1 or len(set(lengths.values())) != 1:
+            raise ConfigError(f"{source}: zip: every key needs a list, all of one length "
+                              f"(got {lengths})")
+        for key in zipped:
+            _check_path(key)
+        n = next(iter(lengths.values()))
+        axes.append([{k: v[i] for k, v in zipped.items()} for i in range(n)])
+    combos = []
+    for parts in itertools.product(*axes):
+        merged: dict[str, Any] = {}
+        for p in parts:
+            merged.update(p)
+        combos.append(merged)
+    return combos
+
+
+def policy_label(spec: Any) -> str:
+    """A short label for a policy spec (its ``label`` key, else its name)."""
+    if isinstance(spec, dict):
+        return str(spec.get("label") or spec.get("name", "?"))
+    return str(spec)
+
+
+def expand_runs(raw: dict[str, Any], overrides: list[str] | None = None,
+                source: str = "<config>") -> tuple[dict[str, Any], list[RunSpec]]:
+    """Apply overrides, validate, and expand sweeps and ``policies`` into runs."""
+    data = copy.deepcopy(raw)
+    for text in overrides or []:
+        key, value = parse_override(text)
+        try:
+            _check_path(key)
+        except ConfigError as e:
+            raise ConfigError(f"--set {e}") from None
+        set_dotted(data, key, value)
+    try:
+        base = validate(data)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    if base["policy"] is not None and base["policies"] is not None:
+        raise ConfigError(f"{source}: policy: give either 'policy' or 'policies', not both")
+    policies = base.pop("policies") or [base["policy"] or {"name": "continuous"}]
+    sweep, zipped = base.pop("sweep"), base.pop("zip")
+    runs: list[RunSpec] = []
+    for spec in policies:
+        for combo in _expand(sweep, zipped, source):
+            cfg = copy.deepcopy(base)
+            cfg["policy"] = copy.deepcopy(spec) if isinstance(spec, dict) else {"name": spec}
+            for key, value in combo.items():
+                set_dotted(cfg, key, copy.deepcopy(value))
+            try:
+                cfg = validate({k: v for k, v in cfg.items()})
+            except ConfigError as e:
+                raise ConfigError(f"{source}: {e}") from None
+            cfg.pop("sweep", None)
+            cfg.pop("zip", None)
+            cfg.pop("policies", None)
+            runs.append(RunSpec(cfg, combo, policy_label(cfg["policy"])))
+    return base, runs

@@ -1,0 +1,167 @@
+"""Running an experiment: validate everything, run each sweep point once, rebuild the outputs.
+
+A run's folder is keyed by the hash of its resolved config, so re-running the same command
+skips finished runs and redoes unfinished or failed ones; ``summary.csv`` is rebuilt from the
+finished runs every time. Runs go serially, over a local process pool (``jobs``) or to a Dask
+cluster (``executor="dask"``) — the same function either way, so results are identical.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from sim.config import ConfigError, RunSpec, expand_runs, load_yaml
+from sim.results import read_json, write_text
+from sim.runner import build_cost, build_requests, execute_run, kv_spec, run_id
+
+#: Summary entries that vary between identical runs (timings) and stay out of summary.csv.
+VOLATILE = ("wall_s",)
+
+
+def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
+    """Build every run's policy, cost model, KV and workload once, before anything runs."""
+    from policies import make_policy
+    from sim.simulate import resolve_kv
+
+    seen: set[str] = set()
+    for spec in runs:
+        cfg = spec.config
+        try:
+            make_policy(cfg["policy"])
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        try:
+            cost = build_cost(cfg)
+        except ValueError as e:
+            where = "cost" if cfg["cost"]["kind"] != "roofline" else "model/hardware"
+            msg = str(e) if str(e).split(":")[0] in ("cost.step_s",) else f"{where}: {e}"
+            raise ConfigError(f"{source}: {msg}") from None
+        try:
+            resolve_kv(kv_spec(cfg), cost)
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        key = json.dumps([cfg["workload"], cfg["seed"]], sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            try:
+                build_requests(cfg, base_dir)
+            except ValueError as e:
+                raise ConfigError(f"{source}: {e}") from None
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, jobs: int,
+             executor: str, address: str | None, on_done: Callable[[str, dict], None]) -> None:
+    args = [(cfg, str(base_dir), str(out / "runs" / rid)) for rid, cfg in todo]
+    if executor == "dask":
+        from sim.dask_executor import run_on_dask
+
+        for rid, result in run_on_dask(args, address):
+            on_done(rid, result)
+        return
+    if jobs <= 1 or len(args) <= 1:
+        for a in args:
+            on_done(Path(a[2]).name, execute_run(*a))
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(execute_run, *a): Path(a[2]).name for a in args}
+        for fut in as_completed(futures):
+            on_done(futures[fut], fut.result())
+
+
+def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
+    """One row per finished run, in sweep order: run_id, label, swept keys, metrics."""
+    rows = []
+    for spec in runs:
+        rid = run_id(spec.config)
+        path = out / "runs" / rid / "summary.json"
+        if not path.exists():
+            continue
+        s = read_json(path)
+        cfg = spec.config
+        row = {"run_id": rid, "label": spec.label, "policy": cfg["policy"].get("name"),
+               **spec.swept, "model": cfg["model"], "hardware": cfg["hardware"],
+               "tp": cfg["parallelism"]["tp"]}
+        row.update({k: v for k, v in s.items() if k not in VOLATILE and k not in row})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def seed_aggregate(summary: pd.DataFrame) -> pd.DataFrame | None:
+    """Mean and 95% confidence half-width of each metric across seeds (when seed is swept)."""
+    if "seed" not in summary.columns or summary["seed"].nunique() < 2:
+        return None
+    from scipy import stats
+
+    keys = [c for c in summary.columns if c in ("label", "policy") or
+            (c not in ("run_id", "seed") and not pd.api.types.is_float_dtype(summary[c])
+             and c not in ("completed", "num_steps", "num_rejected", "num_unfinished",
+                           "num_preemptions", "num_blocks"))]
+    metrics = [c for c in summary.columns if c not in keys and c not in ("run_id", "seed")
+               and pd.api.types.is_numeric_dtype(summary[c])]
+    g = summary.groupby(keys, sort=False, dropna=False)[metrics]
+    mean, sem, n = g.mean(), g.sem(), g.count()
+    half = sem * stats.t.ppf(0.975, (n - 1).clip(lower=1))
+    return mean.join(half.add_suffix("_ci95")).reset_index()
+
+
+def run_experiment(path: str | Path, overrides: list[str] | None = None,
+                   out: str | Path | None = None, jobs: int = 1, executor: str = "local",
+                   address: str | None = None, plots: bool | None = None,
+                   quiet: bool = False) -> pd.DataFrame:
+    """Run (or resume) the experiment at ``path``; return its summary table."""
+    path = Path(path)
+    raw = load_yaml(path)
+    base, runs = expand_runs(raw, overrides, source=str(path))
+    base_dir = path.resolve().parent
+    preflight(runs, base_dir, str(path))
+    out = Path(out) if out else Path("runs") / base["name"]
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    write_text(out / "experiment.yaml", yaml.safe_dump(
+        {"source": str(path), "overrides": overrides or [], "experiment": raw},
+        sort_keys=False))
+    todo = []
+    for spec in runs:
+        rid = run_id(spec.config)
+        if not (out / "runs" / rid / "summary.json").exists() and all(
+                rid != r for r, _ in todo):
+            todo.append((rid, spec.config))
+    log = (lambda m: None) if quiet else _log
+    log(f"batchsim: {base['name']}: {len(runs)} runs, {len(runs) - len(todo)} already done")
+    t0, done, failed = time.perf_counter(), 0, 0
+
+    def on_done(rid: str, result: dict[str, Any]) -> None:
+        nonlocal done, failed
+        done += 1
+        failed += "error" in result
+        spent = time.perf_counter() - t0
+        eta = spent / done * (len(todo) - done)
+        status = f"FAILED: {result['error']}" if "error" in result else "ok"
+        log(f"  [{done}/{len(todo)}] run {rid} {status} ({spent:.1f}s elapsed, "
+            f"ETA {eta:.0f}s)")
+
+    _execute(todo, base_dir, out, jobs, executor, address, on_done)
+    summary = collect_summary(out, runs)
+    write_text(out / "summary.csv", summary.to_csv(index=False))
+    agg = seed_aggregate(summary) if len(summary) else None
+    if agg is not None:
+        write_text(out / "summary_by_seed.csv", agg.to_csv(index=False))
+    draw = base["output"]["plots"] if plots is None else plots
+    if len(summary):
+        from sim.report import write_outputs
+
+        write_outputs(out, base, runs, summary, plots=draw)
+    if failed:
+        log(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
+    return summary

@@ -1,0 +1,102 @@
+"""Writing and reading a run's files safely: atomic writes, Parquet when available, else CSV.
+
+Layout of an experiment output folder::
+
+    OUT/experiment.yaml          the experiment as loaded (sweep included)
+    OUT/summary.csv              one row per finished run: run_id, label, swept keys, metrics
+    OUT/runs/<run_id>/config.yaml    the resolved config of that run (run_id = its hash)
+    OUT/runs/<run_id>/requests.parquet|csv, steps.parquet|csv, itl.npy
+    OUT/runs/<run_id>/summary.json   written last: its presence marks the run finished
+    OUT/runs/<run_id>/error.txt      a failed run's error (the sweep goes on)
+    OUT/plots/*.png, OUT/report.md
+
+Every file is written to a temporary name in the same folder and renamed into place, so a
+crash or Ctrl-C never leaves a half-written file under its final name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    """Atomically write ``text`` to ``path``."""
+    atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomically write ``data`` as indented JSON (NaN kept as JSON's NaN extension)."""
+    write_text(path, json.dumps(data, indent=1, sort_keys=True, default=_plain) + "\n")
+
+
+def _plain(value: Any) -> Any:
+    """JSON fallback for numpy scalars."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def parquet_available() -> bool:
+    """True when pyarrow can write Parquet files."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_table(stem: Path, df: pd.DataFrame, metadata: dict[str, str]) -> Path:
+    """Write ``df`` as ``stem.parquet`` (with ``metadata``) or ``stem.csv`` (metadata as a
+    leading ``#`` comment line); return the path written."""
+    if parquet_available():
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        meta = {**(table.schema.metadata or {}),
+                **{f"batchsim.{k}".encode(): str(v).encode() for k, v in metadata.items()}}
+        table = table.replace_schema_metadata(meta)
+        path = stem.with_suffix(".parquet")
+        atomic_write(path, lambda p: pq.write_table(table, p))
+        return path
+    path = stem.with_suffix(".csv")
+    header = "# " + " ".join(f"{k}={v}" for k, v in metadata.items()) + "\n"
+
+    def write(p: Path) -> None:
+        with p.open("w", encoding="utf-8", newline="") as fh:
+            fh.write(header)
+            df.to_csv(fh, index=False)
+
+    atomic_write(path, write)
+    return path
+
+
+def read_table(stem: Path) -> pd.DataFrame:
+    """Read ``stem.parquet`` or ``stem.csv`` written by ``write_table``."""
+    if stem.with_suffix(".parquet").exists():
+        return pd.read_parquet(stem.with_suffix(".parquet"))
+    return pd.read_csv(stem.with_suffix(".csv"), comment="#")
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file."""
+    return json.loads(path.read_text(encoding="utf-8"))
