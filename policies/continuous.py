@@ -64,6 +64,9 @@ class ContinuousBatching(Policy):
                 return Plan(run=budget.run, reject=reject)
         budget = budget_for(kv, self.max_num_seqs, self.max_num_batched_tokens)
         preempt = grow_running(view.running, kv, budget)
-        if self.mode == "orca" and not preempt:
-            admit_whole_prompts(queue, kv, budget, mark)
-        return Plan(run=budget.run, preempt=preempt, reject=reject)
+        admitted = self.mode == "orca" and not preempt and admit_whole_prompts(
+            queue, kv, budget, mark)
+        # A pure decode plan repeats until an arrival, a finish or a KV shortfall: admission
+        # failed for lack of slots, budget or blocks, none of which grows while decoding.
+        steady = not preempt and not admitted and not reject
+        return Plan(run=budget.run, preempt=preempt, reject=reject, steady=steady)

@@ -11,7 +11,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from sim.types import BatchShape, StepCost
+
+
+@dataclass(frozen=True)
+class StepSeries:
+    """Costs of ``k`` successive decode steps (context +1 per row per step), as arrays."""
+
+    seconds: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    bound: tuple[str, ...]
 
 
 @runtime_checkable
@@ -29,6 +41,11 @@ class CostModel(Protocol):
         """Seconds for one forward pass with these per-sequence new tokens and context lengths."""
         ...
 
+    def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
+        """Costs of ``shape`` and the ``num_steps - 1`` steps after it, each row's context one
+        token longer per step (what event skipping needs); equal to repeated ``step`` calls."""
+        ...
+
 
 class _ShapeCost:
     """Mixin giving every cost model the list-based ``step_time`` form of the public API."""
@@ -42,6 +59,19 @@ class _ShapeCost:
     def step_time(self, new_tokens: Sequence[int], context_lens: Sequence[int]) -> float:
         """Seconds for one forward pass with these per-sequence new tokens and context lengths."""
         return self.step(BatchShape.of(list(new_tokens), list(context_lens))).seconds
+
+    def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
+        """Repeated ``step`` calls with contexts growing by one; models override with numpy."""
+        costs = [self.step(BatchShape(shape.new_tokens, shape.context_lens + j,
+                                      shape.num_padding_tokens)) for j in range(num_steps)]
+        return StepSeries(np.array([c.seconds for c in costs]), np.array([c.flops for c in costs]),
+                          np.array([c.bytes for c in costs]), tuple(c.bound for c in costs))
+
+    def _flat_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
+        """Series of a model whose cost does not depend on context length."""
+        c = self.step(shape)
+        return StepSeries(np.full(num_steps, c.seconds), np.full(num_steps, c.flops),
+                          np.full(num_steps, c.bytes), (c.bound,) * num_steps)
 
 
 @dataclass(frozen=True)
@@ -57,6 +87,10 @@ class ConstantCost(_ShapeCost):
     def step(self, shape: BatchShape) -> StepCost:
         """Always ``step_s``."""
         return StepCost(self.step_s, bound="constant")
+
+    def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
+        """``num_steps`` copies of ``step_s``."""
+        return self._flat_series(shape, num_steps)
 
 
 @dataclass(frozen=True)
@@ -78,3 +112,7 @@ class LinearCost(_ShapeCost):
         seconds = (self.base_s + self.per_token_s * shape.num_tokens
                    + self.per_seq_s * len(shape.new_tokens))
         return StepCost(seconds, bound="linear")
+
+    def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
+        """Context length does not enter the linear model: a flat series."""
+        return self._flat_series(shape, num_steps)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import simpy
 
 from policies.registry import Policy
@@ -22,6 +23,9 @@ from sim.kv import BlockPool, KVConfig
 from sim.metrics import StepLog
 from sim.state import Seq
 from sim.types import BatchShape, Plan, Request, View
+
+#: Most decode steps one skip covers: bounds the arrays built per skip.
+MAX_SKIP_STEPS = 2048
 
 
 class EngineError(RuntimeError):
@@ -41,7 +45,8 @@ class Replica:
 
     def __init__(self, index: int, requests: Sequence[Request], policy: Policy,
                  cost: CostModel, kv: KVConfig, log: StepLog, seqs: dict[int, Seq],
-                 checks: bool = False, horizon_s: float | None = None) -> None:
+                 checks: bool = False, horizon_s: float | None = None,
+                 skip: bool = True) -> None:
         self.index = index
         self.requests = requests
         self.policy = policy
@@ -51,6 +56,7 @@ class Replica:
         self.seqs = seqs
         self.checks = checks
         self.horizon_s = horizon_s
+        self.skip = skip
         self.waiting: dict[int, Seq] = {}
         self.preempted: dict[int, Seq] = {}  # listed before ``waiting``, newest first
         self.running: dict[int, Seq] = {}
@@ -87,6 +93,11 @@ class Replica:
             step = self.cost.step(shape)
             yield env.timeout(step.seconds)
             self._commit(plan, now, env.now, step, shape, num_prefill, num_decode)
+            if plan.steady and self.skip:
+                skip = self._plan_skip(plan, shape, env.now)
+                if skip is not None:
+                    yield env.timeout(_delay_until(env.now, float(skip[1][-1])))
+                    self._commit_skip(plan, *skip)
 
     def _take_arrivals(self, now: float) -> None:
         reqs, i, n = self.requests, self._next, len(self.requests)
@@ -252,6 +263,90 @@ class Replica:
         log.record(self.index, start, end - start, len(plan.run), num_prefill, num_decode,
                    shape.num_padding_tokens, len(plan.padding), num_waiting, self.pool.used,
                    step, regular)
+        if self.checks:
+            self._check_invariants()
+
+    # -- exact event skipping -----------------------------------------------------------------
+    def _plan_skip(self, plan: Plan, shape: BatchShape, now: float):  # noqa: ANN202
+        """How many more steps a steady decode plan runs unchanged, with their costs.
+
+        Stops at the first of: a scheduled request finishing, KV growth needing more blocks
+        than are free, the step at whose end the next request has arrived, the horizon.
+        Returns ``(series, ends, computed, held, now)`` or ``None`` when there is nothing to
+        skip.
+        """
+        running = self.running
+        seqs = []
+        for sid in plan.run:
+            seq = running.get(sid)
+            if seq is None or seq.num_uncomputed != 1:
+                return None
+            seqs.append(seq)
+        next_arrival = (self.requests[self._next].arrival_s
+                        if self._next < len(self.requests) else math.inf)
+        if next_arrival <= now:
+            return None
+        k = min(MAX_SKIP_STEPS, min(s.req.num_output_tokens - s.num_generated for s in seqs))
+        computed = np.fromiter((s.num_computed for s in seqs), np.int64, len(seqs))
+        held = np.fromiter((s.num_blocks for s in seqs), np.int64, len(seqs))
+        cfg = self.pool.config
+        if not cfg.unlimited:
+            bs, free = cfg.block_size, self.pool.free
+
+            def need(steps: int) -> int:
+                return int(np.maximum(-(-(computed + steps) // bs) - held, 0).sum())
+
+            if need(k) > free:  # largest k whose growth fits: need() is monotone in k
+                lo, hi = 0, k
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if need(mid) <= free else (lo, mid - 1)
+                k = lo
+        if k < 1:
+            return None
+        base = BatchShape(shape.new_tokens, shape.context_lens + 1, shape.num_padding_tokens)
+        series = self.cost.step_series(base, k)
+        ends = np.cumsum(np.concatenate(([now], series.seconds)))[1:]
+        limit = min(next_arrival, self.horizon_s if self.horizon_s is not None else math.inf)
+        if ends[-1] >= limit:
+            k = int(np.searchsorted(ends, limit, side="left")) + 1
+            ends = ends[:k]
+        return series, ends, computed, held, now
+
+    def _commit_skip(self, plan: Plan, series, ends: np.ndarray, computed: np.ndarray,  # noqa: ANN001
+                     held: np.ndarray, start: float) -> None:
+        """Apply ``len(ends)`` identical decode steps at once and log each of them."""
+        k = len(ends)
+        seconds = series.seconds[:k]
+        starts = np.concatenate(([start], ends[:-1]))
+        cfg = self.pool.config
+        if cfg.unlimited:
+            used = np.full(k, self.pool.used)
+        else:
+            steps = np.arange(1, k + 1)
+            grow = np.maximum(-(-(computed[:, None] + steps[None, :]) // cfg.block_size)
+                              - held[:, None], 0)
+            used = self.pool.used + grow.sum(axis=0)
+        end, worst = float(ends[-1]), float(seconds.max())
+        n = len(plan.run)
+        for sid in plan.run:
+            seq = self.running[sid]
+            seq.skip(k, end, worst)
+            need = -(-seq.num_computed // cfg.block_size) - seq.num_blocks
+            if need > 0:
+                self.pool.allocate(need)
+                seq.num_blocks += need
+            if seq.finished:
+                self.pool.release(seq.num_blocks)
+                seq.num_blocks = 0
+                del self.running[sid]
+            elif self._never_grows(seq):
+                del self.running[sid]
+                self._reject(seq, end, "context outgrew the KV cache")
+        used[-1] = self.pool.used  # as a normal step logs it: after the finishers' release
+        pad = len(plan.padding)
+        self.log.extend(self.index, starts, seconds, n, n, pad, pad,
+                        len(self.waiting) + len(self.preempted), used, series, n)
         if self.checks:
             self._check_invariants()
 

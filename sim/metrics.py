@@ -54,6 +54,26 @@ class StepLog:
         c["bound"].append(step.bound)
         c["num_regular_itl"].append(regular_itl)
 
+    def extend(self, replica: int, starts: np.ndarray, durations: np.ndarray, num_seqs: int,
+               num_decode: int, num_padding: int, num_padding_rows: int, num_waiting: int,
+               kv_used: np.ndarray, series: Any, regular_itl: int) -> None:
+        """Append ``len(starts)`` skipped decode steps in one go."""
+        c, k = self.cols, len(starts)
+        c["replica"].extend([replica] * k)
+        c["start_s"].extend(starts.tolist())
+        c["duration_s"].extend(durations.tolist())
+        c["num_seqs"].extend([num_seqs] * k)
+        c["num_prefill_tokens"].extend([0] * k)
+        c["num_decode_tokens"].extend([num_decode] * k)
+        c["num_padding_tokens"].extend([num_padding] * k)
+        c["num_padding_rows"].extend([num_padding_rows] * k)
+        c["num_waiting"].extend([num_waiting] * k)
+        c["kv_used_blocks"].extend(np.asarray(kv_used).tolist())
+        c["flops"].extend(series.flops[:k].tolist())
+        c["bytes"].extend(series.bytes[:k].tolist())
+        c["bound"].extend(series.bound[:k])
+        c["num_regular_itl"].extend([regular_itl] * k)
+
     def table(self) -> pd.DataFrame:
         """The per-iteration table."""
         return pd.DataFrame(self.cols, columns=list(STEP_COLUMNS))

@@ -72,13 +72,15 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
              cost: CostModel, kv: Mapping[str, Any] | KVConfig | None = None, seed: int = 0,
              *, num_replicas: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0,
              slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
-             checks: bool = False) -> SimResult:
+             checks: bool = False, event_skipping: bool = True) -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
 
     ``policy`` is a registry spec such as ``{"name": "continuous", "max_num_seqs": 64}``;
     each replica gets its own instance. ``kv=None`` means unlimited KV. ``seed`` is recorded
     and reserved for stochastic policies (the engine itself draws nothing at random).
     ``checks`` turns on deep per-step invariant checks (used by the tests).
+    ``event_skipping`` lets steady decode stretches advance in one event (exact; off for
+    comparison and debugging).
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
@@ -94,7 +96,7 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     for k in range(num_replicas):
         mine = reqs[k::num_replicas]
         rep = Replica(k, mine, policies[k], cost, kv_config, log, seqs, checks=checks,
-                      horizon_s=horizon_s)
+                      horizon_s=horizon_s, skip=event_skipping)
         env.process(rep.process(env))
     env.run()
     steps = log.table()

@@ -93,6 +93,22 @@ class Seq:
             self.max_itl_s = gap
         return REGULAR_ITL if last == start else gap
 
+    def skip(self, k: int, end: float, worst_itl: float) -> None:
+        """Commit ``k`` regular decode steps at once (event skipping), the last ending at ``end``.
+
+        Every one of these tokens came one step after the previous, so the largest of them is
+        the longest of the skipped steps.
+        """
+        self._view = None
+        self.num_computed += k
+        self.num_generated += k
+        self.last_token_s = end
+        if worst_itl > self.max_itl_s:
+            self.max_itl_s = worst_itl
+        if self.num_generated >= self.req.num_output_tokens:
+            self.status = "finished"
+            self.finish_s = end
+
     def preempt(self) -> None:
         """Drop the KV (recompute): everything computed must be computed again."""
         self.num_computed = 0

@@ -112,11 +112,16 @@ class Plan:
     ``run`` with ``wake_at_s=None`` means: wait for the next arrival).
     ``reject`` maps waiting request ids the policy can never serve to a reason (e.g. a prompt
     longer than its token budget); the engine records them as rejected instead of hanging.
+    ``steady`` is the policy's promise that lets the engine skip events exactly: as long as no
+    request arrives, no scheduled request finishes and KV growth needs no more blocks than are
+    free, every following plan would be this one again — each listed request decoding one more
+    token and each padding row attending one more token. Only pure decode plans may say so.
     """
 
     run: Mapping[int, int] = field(default_factory=dict)
     preempt: tuple[int, ...] = ()
     reject: Mapping[int, str] = field(default_factory=dict)
+    steady: bool = False
     padding: tuple[PaddingRow, ...] = ()
     wake_at_s: float | None = None
 
