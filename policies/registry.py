@@ -84,6 +84,7 @@ def make_policy(spec: str | Mapping[str, Any] | Policy) -> Policy:
                           "{name: continuous, max_num_seqs: 64}")
     params = dict(spec)
     name = params.pop("name")
+    params.pop("label", None)  # a display name for reports, not a parameter
     cls = _REGISTRY.get(name)
     if cls is None:
         hint = difflib.get_close_matches(str(name), _REGISTRY, n=1)

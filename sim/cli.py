@@ -47,10 +47,30 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """``batchsim plot DIR``: redraw plots and report.md from a finished output folder."""
+    from sim.config import ConfigError
     from sim.report import regenerate
 
-    regenerate(Path(args.dir))
+    try:
+        regenerate(Path(args.dir))
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from None
     print(f"wrote {Path(args.dir) / 'report.md'} and {Path(args.dir) / 'plots'}")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """``batchsim trace RUN_DIR``: export one run's iterations as a Chrome/Perfetto trace."""
+    from sim.config import ConfigError
+    from sim.results import read_table
+    from sim.trace_export import export_chrome_trace
+
+    folder = Path(args.run_dir)
+    if not (folder / "summary.json").exists():
+        raise ConfigError(f"{folder}: not a finished run folder (expected runs/<id>/ with "
+                          "summary.json)")
+    path = export_chrome_trace(read_table(folder / "steps"), Path(args.out or
+                               folder / "trace.json"), read_table(folder / "requests"))
+    print(f"wrote {path} (open it in ui.perfetto.dev or chrome://tracing)")
     return 0
 
 
@@ -124,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="redraw plots and report.md of an output folder")
     pl.add_argument("dir")
     pl.set_defaults(func=cmd_plot)
+
+    tr = sub.add_parser("trace", help="export a run's iterations as a Chrome/Perfetto trace")
+    tr.add_argument("run_dir", help="a run folder: OUT/runs/<id>")
+    tr.add_argument("--out", help="output JSON (default RUN_DIR/trace.json)")
+    tr.set_defaults(func=cmd_trace)
 
     c = sub.add_parser("calibrate", help="fit a GPU profile to measured timings")
     c.add_argument("--gpu", action="append", help="GPU profile(s) to calibrate (default all "

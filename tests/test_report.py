@@ -1,0 +1,154 @@
+"""Plots, report.md, ``batchsim plot`` regeneration and the Chrome trace export."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from sim.config import expand_runs
+from sim.experiment import run_experiment
+from sim.plots import downsample
+from sim.report import markdown_table, regenerate, write_outputs
+from sim.results import read_table
+from sim.runner import run_id
+from sim.trace_export import export_chrome_trace
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+EXPERIMENT = {
+    "name": "tiny",
+    "description": "Two policies at two loads.",
+    "cost": {"kind": "constant", "step_s": 0.01},
+    "kv": {"unlimited": True},
+    "slos": {"ttft_ms": 200},
+    "workload": {"arrival": {"process": "poisson", "rate": 4.0}, "num_requests": 50,
+                 "prompt_tokens": {"dist": "uniform", "lo": 10, "hi": 100},
+                 "output_tokens": {"dist": "uniform", "lo": 5, "hi": 50}},
+    "policies": [{"name": "continuous"}, {"name": "continuous", "mode": "orca",
+                                          "max_num_seqs": 4}],
+    "sweep": {"workload.arrival.rate": [4.0, 8.0]},
+}
+
+
+def _run(folder: Path, experiment: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "exp.yaml"
+    path.write_text(yaml.safe_dump(experiment), encoding="utf-8")
+    run_experiment(path, out=folder / "out", quiet=True)
+    return folder / "out"
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(tmp_path_factory.mktemp("report"), EXPERIMENT)
+
+
+def _pngs(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "plots").glob("*.png"))}
+
+
+def test_plots_and_report(out: Path) -> None:
+    pngs = _pngs(out)
+    for name in ("latency_vs_load", "throughput_vs_latency", "latency_cdf", "utilization",
+                 "goodput_vs_load"):
+        assert f"{name}.png" in pngs
+    assert sum(n.startswith("timeline_") for n in pngs) == 2
+    assert all(data.startswith(PNG) and len(data) > 5000 for data in pngs.values())
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert report.startswith("# tiny\n")
+    assert "Two policies at two loads." in report
+    assert "| policy | rate | done |" in report
+    assert report.count("\n| continuous") == 4
+    assert "continuous (max_num_seqs=4, mode=orca)" in report
+    for name in pngs:
+        assert f"](plots/{name})" in report
+    assert "Failed" not in report
+
+
+def test_regenerate_reproduces(out: Path) -> None:
+    report = (out / "report.md").read_text(encoding="utf-8")
+    names = set(_pngs(out))
+    shutil.rmtree(out / "plots")
+    (out / "report.md").unlink()
+    regenerate(out)
+    assert (out / "report.md").read_text(encoding="utf-8") == report
+    assert set(_pngs(out)) == names
+
+
+def test_regenerate_rejects_other_folders(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a batchsim output folder"):
+        regenerate(tmp_path)
+
+
+def test_failed_runs_listed(out: Path, tmp_path: Path) -> None:
+    raw = yaml.safe_load((out / "experiment.yaml").read_text())["experiment"]
+    base, runs = expand_runs(raw)
+    summary = pd.read_csv(out / "summary.csv", dtype={"run_id": str})
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    bad = run_id(runs[1].config)
+    (copy / "runs" / bad / "summary.json").unlink()
+    (copy / "runs" / bad / "error.txt").write_text("RuntimeError: boom\n\ntraceback...")
+    write_outputs(copy, base, runs, summary[summary["run_id"] != bad], plots=False)
+    report = (copy / "report.md").read_text(encoding="utf-8")
+    assert f"- `{bad}` (continuous workload.arrival.rate=8.0): RuntimeError: boom" in report
+    assert "](plots/" not in report
+
+
+def test_without_load_axis_draws_bars(tmp_path: Path) -> None:
+    exp = {k: v for k, v in EXPERIMENT.items() if k not in ("sweep", "slos")}
+    out = _run(tmp_path, exp)
+    pngs = _pngs(out)
+    assert "goodput_vs_load.png" not in pngs
+    assert {"latency_vs_load.png", "utilization.png", "latency_cdf.png"} <= set(pngs)
+    assert "load axis: none" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_markdown_table_formatting() -> None:
+    df = pd.DataFrame({"name": ["a|b", "c"], "n": [3, 40], "x": [0.012345, 1234.567],
+                       "y": [float("nan"), 12.345]})
+    text = markdown_table(df, ["name", "n", "x", "y", "missing"], {"n": "count"})
+    lines = text.splitlines()
+    assert lines[0] == "| name | count | x | y |"
+    assert lines[1] == "|:---|---:|---:|---:|"
+    assert lines[2] == "| a\\|b | 3 | 0.0123 | – |"
+    assert lines[3] == "| c | 40 | 1,235 | 12.3 |"
+
+
+def test_downsample_caps_points() -> None:
+    n = 12_345
+    steps = pd.DataFrame({"start_s": np.arange(n) * 0.01, "num_seqs": np.ones(n)})
+    d = downsample(steps, ["num_seqs"], max_points=1000)
+    assert len(d) == 1000
+    assert np.allclose(d["num_seqs"], 1.0)
+    assert d["start_s"].iloc[0] == 0.0
+
+
+def test_chrome_trace(out: Path, tmp_path: Path) -> None:
+    run = out / "runs" / str(pd.read_csv(out / "summary.csv", dtype={"run_id": str})
+                             ["run_id"].iloc[0])
+    steps, requests = read_table(run / "steps"), read_table(run / "requests")
+    path = export_chrome_trace(steps, tmp_path / "trace.json", requests, max_requests=20)
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    events = doc["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == len(steps)
+    assert {e["name"] for e in complete} <= {"prefill", "decode", "mixed", "idle"}
+    first = complete[0]
+    assert first["ts"] == pytest.approx(steps["start_s"].iloc[0] * 1e6)
+    assert first["dur"] == pytest.approx(steps["duration_s"].iloc[0] * 1e6)
+    assert {"num_seqs", "prefill_tokens", "decode_tokens", "padding_tokens",
+            "bound"} <= set(first["args"])
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert counters == {"batch size", "queue length", "KV blocks"}
+    begins = [e for e in events if e["ph"] == "b"]
+    ends = [e for e in events if e["ph"] == "e"]
+    assert len(begins) == len(ends) == 3 * 20
+    assert sum(e["name"].startswith("request ") for e in begins) == 20
+    assert any(e["ph"] == "M" and e["args"].get("name") == "replica 0" for e in events)
+    assert doc["otherData"]["requests_total"] == len(requests)
