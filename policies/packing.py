@@ -52,7 +52,7 @@ def grow_running(running: Sequence[SeqView], kv: KVView, budget: Budget
         need.pop()
         preempt.append(victim.id)
         budget.free_blocks += victim.num_blocks
-    for seq, blocks in zip(active, need):
+    for seq, blocks in zip(active, need, strict=True):
         budget.take(seq, seq.num_uncomputed, blocks)
     return tuple(preempt)
 
@@ -79,3 +79,29 @@ def admit_whole_prompts(queue: Sequence[SeqView], kv: KVView, budget: Budget,
 def watermark_blocks(kv: KVView, watermark: float) -> int:
     """Blocks kept free at admission: ``watermark`` × total (0 for an unlimited cache)."""
     return int(watermark * kv.total_blocks) if kv.total_blocks < (1 << 40) else 0
+
+
+def max_fitting_tokens(kv: KVView, seq: SeqView, free_blocks: int, cap: int) -> int:
+    """The most tokens of ``seq`` (at most ``cap``) whose KV fits in ``free_blocks`` (0 if none).
+
+    Chunked prefill sizes a chunk by what the cache can hold rather than skipping the request;
+    for a slab allocator the first allocation must also cover the whole reservation.
+    """
+    if cap < 1 or free_blocks < 0:
+        return 0
+    n = min(cap, (seq.num_blocks + free_blocks) * kv.block_size - seq.num_computed_tokens)
+    if n < 1 or kv.blocks_needed(seq, n) > free_blocks:
+        return 0
+    return n
+
+
+def fitting_prefix(queue: Sequence[SeqView], kv: KVView, free_blocks: int) -> list[SeqView]:
+    """The longest prefix of ``queue`` whose whole prompts (or recomputes) fit in the blocks."""
+    taken: list[SeqView] = []
+    for seq in queue:
+        blocks = kv.blocks_needed(seq, seq.num_uncomputed)
+        if blocks > free_blocks:
+            break
+        free_blocks -= blocks
+        taken.append(seq)
+    return taken

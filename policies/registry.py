@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sim.types import Plan, View
+if TYPE_CHECKING:  # annotations only: importing sim here would be circular
+    from sim.types import Plan, View
 
 
 class PolicyError(ValueError):

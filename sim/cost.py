@@ -47,6 +47,15 @@ class CostModel(Protocol):
         ...
 
 
+def step_series(cost: CostModel, shape: BatchShape, num_steps: int) -> StepSeries:
+    """``cost.step_series`` when the model has one, else repeated ``step`` calls (the one
+    method DESIGN requires of a cost model is ``step``)."""
+    method = getattr(cost, "step_series", None)
+    if method is not None:
+        return method(shape, num_steps)
+    return _ShapeCost.step_series(cost, shape, num_steps)  # type: ignore[arg-type]
+
+
 class _ShapeCost:
     """Mixin giving every cost model the list-based ``step_time`` form of the public API."""
 

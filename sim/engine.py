@@ -18,7 +18,7 @@ import numpy as np
 import simpy
 
 from policies.registry import Policy
-from sim.cost import CostModel
+from sim.cost import CostModel, step_series
 from sim.kv import BlockPool, KVConfig
 from sim.metrics import StepLog
 from sim.state import Seq
@@ -30,14 +30,6 @@ MAX_SKIP_STEPS = 2048
 
 class EngineError(RuntimeError):
     """A policy returned a plan that breaks an engine rule (names the policy and the rule)."""
-
-
-def _delay_until(now: float, t: float) -> float:
-    """A delay that lands the SimPy clock at or after ``t`` despite float rounding."""
-    delay = t - now
-    while now + delay < t:
-        delay = math.nextafter(delay, math.inf)
-    return delay
 
 
 class Replica:
@@ -61,20 +53,28 @@ class Replica:
         self.preempted: dict[int, Seq] = {}  # listed before ``waiting``, newest first
         self.running: dict[int, Seq] = {}
         self._next = 0
+        self.clock = 0.0
 
     # -- the loop -----------------------------------------------------------------------------
     def process(self, env: simpy.Environment):  # noqa: ANN201 - a SimPy generator
-        """The replica's SimPy process."""
+        """The replica's SimPy process.
+
+        The replica keeps its own clock, set to exactly the time stepping reaches (start +
+        step seconds, or an arrival or wake time), and only asks SimPy to wait until then:
+        SimPy's relative timeouts cannot always land on a given float, and replicas never
+        interact, so this keeps token times bit-identical whether stretches are skipped or not.
+        """
         reqs = self.requests
+        self.clock = env.now
         while True:
-            now = env.now
+            now = self.clock
             if self.horizon_s is not None and now >= self.horizon_s:
                 return
             self._take_arrivals(now)
             if not (self.waiting or self.preempted or self.running):
                 if self._next >= len(reqs):
                     return
-                yield env.timeout(_delay_until(now, reqs[self._next].arrival_s))
+                yield from self._wait_until(env, reqs[self._next].arrival_s)
                 continue
             view = self._view(now)
             plan = self.policy.schedule(view)
@@ -85,19 +85,24 @@ class Replica:
                 wake = self._idle_until(plan, now)
                 if wake is None:
                     return
-                yield env.timeout(_delay_until(now, wake))
+                yield from self._wait_until(env, wake)
                 continue
             for sid in plan.preempt:
                 self._preempt(self.running.pop(sid))
             shape, num_prefill, num_decode = self._launch(plan, now)
             step = self.cost.step(shape)
-            yield env.timeout(step.seconds)
-            self._commit(plan, now, env.now, step, shape, num_prefill, num_decode)
+            yield from self._wait_until(env, now + step.seconds)
+            self._commit(plan, now, self.clock, step, shape, num_prefill, num_decode)
             if plan.steady and self.skip:
-                skip = self._plan_skip(plan, shape, env.now)
+                skip = self._plan_skip(plan, shape, self.clock)
                 if skip is not None:
-                    yield env.timeout(_delay_until(env.now, float(skip[1][-1])))
+                    yield from self._wait_until(env, float(skip[1][-1]))
                     self._commit_skip(plan, *skip)
+
+    def _wait_until(self, env: simpy.Environment, t: float):  # noqa: ANN202 - generator
+        """Let SimPy run until ``t``, then set the replica's clock to exactly ``t``."""
+        yield env.timeout(max(0.0, t - env.now))
+        self.clock = t
 
     def _take_arrivals(self, now: float) -> None:
         reqs, i, n = self.requests, self._next, len(self.requests)
@@ -167,8 +172,8 @@ class Replica:
         if plan.wake_at_s is not None and not plan.run and plan.wake_at_s <= now:
             self._fail(now, f"wake_at_s={plan.wake_at_s} is not in the future")
         if not plan.run:
-            if plan.padding:
-                self._fail(now, "padding rows without any request to run")
+            if plan.padding or plan.preempt:
+                self._fail(now, "padding rows or preemptions without any request to run")
             return
         if pol.max_num_seqs is not None and len(plan.run) > pol.max_num_seqs:
             self._fail(now, f"{len(plan.run)} sequences > max_num_seqs={pol.max_num_seqs}")
@@ -243,6 +248,7 @@ class Replica:
                 num_prefill: int, num_decode: int) -> None:
         """Advance computed tokens, sample, finish, and record the step."""
         log = self.log
+        held = self.pool.used  # what the step held while it ran, before finishers release
         regular = 0
         for sid, n in plan.run.items():
             seq = self.running[sid]
@@ -251,7 +257,7 @@ class Replica:
                 if itl < 0:
                     regular += 1
                 else:
-                    log.irregular_itl.append(itl)
+                    log.add_irregular_itl(end, itl)
             if seq.finished:
                 self.pool.release(seq.num_blocks)
                 seq.num_blocks = 0
@@ -261,8 +267,8 @@ class Replica:
                 self._reject(seq, end, "context outgrew the KV cache")
         num_waiting = len(self.waiting) + len(self.preempted)
         log.record(self.index, start, end - start, len(plan.run), num_prefill, num_decode,
-                   shape.num_padding_tokens, len(plan.padding), num_waiting, self.pool.used,
-                   step, regular)
+                   shape.num_padding_tokens, len(plan.padding), num_waiting, held, step,
+                   regular)
         if self.checks:
             self._check_invariants()
 
@@ -305,7 +311,7 @@ class Replica:
         if k < 1:
             return None
         base = BatchShape(shape.new_tokens, shape.context_lens + 1, shape.num_padding_tokens)
-        series = self.cost.step_series(base, k)
+        series = step_series(self.cost, base, k)
         ends = np.cumsum(np.concatenate(([now], series.seconds)))[1:]
         limit = min(next_arrival, self.horizon_s if self.horizon_s is not None else math.inf)
         if ends[-1] >= limit:
@@ -320,14 +326,12 @@ class Replica:
         seconds = series.seconds[:k]
         starts = np.concatenate(([start], ends[:-1]))
         cfg = self.pool.config
-        if cfg.unlimited:
-            used = np.full(k, self.pool.used)
-        else:
-            steps = np.arange(1, k + 1)
-            grow = np.maximum(-(-(computed[:, None] + steps[None, :]) // cfg.block_size)
-                              - held[:, None], 0)
-            used = self.pool.used + grow.sum(axis=0)
-        end, worst = float(ends[-1]), float(seconds.max())
+        steps = np.arange(1, k + 1)
+        grow = np.maximum(-(-(computed[:, None] + steps[None, :]) // cfg.block_size)
+                          - held[:, None], 0)
+        used = self.pool.used + grow.sum(axis=0)  # held by each step while it ran
+        end = float(ends[-1])
+        worst = float(np.diff(np.concatenate(([start], ends))).max())  # gaps as stepping sees
         n = len(plan.run)
         for sid in plan.run:
             seq = self.running[sid]
@@ -343,7 +347,6 @@ class Replica:
             elif self._never_grows(seq):
                 del self.running[sid]
                 self._reject(seq, end, "context outgrew the KV cache")
-        used[-1] = self.pool.used  # as a normal step logs it: after the finishers' release
         pad = len(plan.padding)
         self.log.extend(self.index, starts, seconds, n, n, pad, pad,
                         len(self.waiting) + len(self.preempted), used, series, n)

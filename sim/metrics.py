@@ -33,6 +33,12 @@ class StepLog:
 
     cols: dict[str, list] = field(default_factory=lambda: {c: [] for c in STEP_COLUMNS})
     irregular_itl: list[float] = field(default_factory=list)
+    irregular_itl_at: list[float] = field(default_factory=list)
+
+    def add_irregular_itl(self, at_s: float, gap_s: float) -> None:
+        """Record a gap that is not one step's duration, with the time its token came."""
+        self.irregular_itl_at.append(at_s)
+        self.irregular_itl.append(gap_s)
 
     def record(self, replica: int, start: float, duration: float, num_seqs: int,
                num_prefill: int, num_decode: int, num_padding: int, num_padding_rows: int,
@@ -150,7 +156,8 @@ def itl_sample(steps: pd.DataFrame, irregular: list[float]) -> tuple[np.ndarray,
     return vals, counts
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: list[float], *,
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame,
+              irregular_itl: list[float] | tuple[list[float], list[float]], *,
               peak_flops: float | None, peak_bytes_per_s: float | None,
               slot_capacity: int | None, num_replicas: int, kv_total_blocks: int | None,
               warmup_s: float = 0.0, cooldown_s: float = 0.0,
@@ -158,9 +165,15 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: list[f
     """The summary columns of DESIGN section 5.
 
     Requests are counted when they arrive inside [first arrival + ``warmup_s``, last arrival −
-    ``cooldown_s``]; steps when they start inside the same window. ``duration`` runs from the
-    window's first arrival to its last finish.
+    ``cooldown_s``]; steps when they start inside the same window, and irregular inter-token
+    gaps (``(gaps, token times)``) when their token comes inside it. ``duration`` runs from
+    the window's first arrival to its last finish.
     """
+    if isinstance(irregular_itl, tuple):
+        gaps, at = (np.asarray(x, dtype=float) for x in irregular_itl)
+    else:
+        gaps = np.asarray(irregular_itl, dtype=float)
+        at = None
     if len(requests):
         t0 = requests["arrival_s"].min() + warmup_s
         t1 = requests["arrival_s"].max() - cooldown_s
@@ -187,7 +200,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: list[f
         "ttft": (done["ttft_s"].to_numpy(float), None),
         "tpot": (done["tpot_s"].to_numpy(float), None),
         "e2el": (done["e2e_s"].to_numpy(float), None),
-        "itl": itl_sample(st, irregular_itl if not (warmup_s or cooldown_s) else []),
+        "itl": itl_sample(st, gaps if at is None or not len(steps)
+                          else gaps[(at > t0) & (at <= end)]),
     }
     for metric in LATENCIES:
         vals, w = samples[metric]

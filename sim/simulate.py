@@ -6,6 +6,7 @@ fixed before the run), starts one SimPy process per replica and turns the final 
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,7 +93,9 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
     log = StepLog()
     env = simpy.Environment()
-    policies = [make_policy(policy) for _ in range(num_replicas)]
+    # Policies keep per-replica state (a static batch in flight): one instance per replica.
+    policies = [make_policy(policy if k == 0 or not isinstance(policy, Policy)
+                            else copy.deepcopy(policy)) for k in range(num_replicas)]
     for k in range(num_replicas):
         mine = reqs[k::num_replicas]
         rep = Replica(k, mine, policies[k], cost, kv_config, log, seqs, checks=checks,
@@ -104,7 +107,8 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
         steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
     table = request_table(sorted(seqs.values(), key=lambda s: s.req.id))
     summary = summarize(
-        table, steps, log.irregular_itl, peak_flops=getattr(cost, "peak_flops", None),
+        table, steps, (log.irregular_itl, log.irregular_itl_at),
+        peak_flops=getattr(cost, "peak_flops", None),
         peak_bytes_per_s=getattr(cost, "peak_bytes_per_s", None),
         slot_capacity=policies[0].slot_capacity, num_replicas=num_replicas,
         kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,

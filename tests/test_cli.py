@@ -121,8 +121,8 @@ BAD_CONFIGS = [
     (TINY.replace("parallelism", "x") + "parallelism: {tp: 0}\n", "parallelism.tp"),
     (TINY.replace("output: {plots: false}", "output: {plots: maybe}"), "output.plots"),
     (TINY.replace("metrics", "m") + "metrics: {warmup_s: -1}\n", "metrics.warmup_s"),
-    (TINY.replace("kv: {num_blocks: 400, block_size: 16}", "kv: {num_blocks: 400, allocator: slab}"),
-     "reserve_tokens"),
+    (TINY.replace("kv: {num_blocks: 400, block_size: 16}",
+                  "kv: {num_blocks: 400, allocator: slab}"), "reserve_tokens"),
 ]
 
 

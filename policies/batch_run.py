@@ -1,0 +1,127 @@
+"""Run-to-completion batches, shared by ``static`` and ``dynamic`` batching.
+
+A batch is taken from the head of the waiting queue, prefilled in one step padded to its longest
+prompt, then decoded step after step until every member has finished; nobody joins meanwhile
+(FasterTransformer-style request-level batching). The two costs of that design are made visible
+to the metrics as padding rows:
+
+- prompt padding: a member shorter than the longest prompt computes ``P_max - p`` wasted tokens;
+- finished slots: a member that is done keeps its row and is computed as one padding token a
+  step, at the context length it would have had, until the last member finishes.
+
+KV limits: a batch takes the longest prefix that fits in the free blocks. When decode growth
+runs out of blocks (paged allocation) the newest member is preempted (``grow_running``) and
+rejoins the same batch with a recompute prefill, padded like a fresh prompt, as soon as its
+blocks fit with one block of headroom per running member (so the next decode step does not
+evict it straight away). Decoding members wait while rejoiners recompute.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+
+from policies.ordering import order_queue
+from policies.packing import budget_for, fitting_prefix, grow_running
+from policies.registry import Policy
+from sim.types import PaddingRow, Plan, SeqView, View
+
+
+def pick_batch(queue: Sequence[SeqView], now_s: float, size: int, wait_s: float | None,
+               more_arrivals: bool, key: Callable[[SeqView], Hashable] | None = None
+               ) -> tuple[list[SeqView], float | None]:
+    """Choose the batch to dispatch now, or say when to look again.
+
+    The ordered ``queue`` is grouped by ``key`` (a single group when ``None``), keeping queue
+    order. A group is ready when it holds ``size`` requests, its oldest request has waited
+    ``wait_s`` (``None``: never by time) or no more requests will arrive (waiting longer cannot
+    fill it). The first ready group goes, cut to ``size``; otherwise the earliest timeout is
+    returned as the time to look again (``None``: at the next arrival).
+    """
+    groups: dict[Hashable, list[SeqView]] = {}
+    for seq in queue:
+        groups.setdefault(key(seq) if key else None, []).append(seq)
+    wake: float | None = None
+    for group in groups.values():
+        due = None if wait_s is None else min(s.arrival_s for s in group) + wait_s
+        if len(group) >= size or not more_arrivals or (due is not None and now_s >= due):
+            return group[:size], None
+        if due is not None and (wake is None or due < wake):
+            wake = due
+    return [], wake
+
+
+def check_wait(policy: Policy, field: str, value: float | None, optional: bool) -> None:
+    """Validate a waiting time: a number of seconds >= 0 (or ``None`` when ``optional``)."""
+    if value is None and optional:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    policy._require(ok, field, f"must be a number of seconds >= 0, got {value!r}")
+
+
+def padded_prefill(members: Sequence[SeqView]) -> Plan:
+    """Every member computes all its uncomputed tokens, padded to the longest of them."""
+    run = {s.id: s.num_uncomputed for s in members}
+    longest = max(run.values(), default=0)
+    padding = tuple(PaddingRow(longest - n, longest) for n in run.values() if n < longest)
+    return Plan(run=run, padding=padding)
+
+
+class RunToCompletion:
+    """The batch in flight on one replica: member ids and each member's context length.
+
+    ``context`` holds the length each member had (or, once finished, would have had) after the
+    last step; a finished member's padded slot grows it by one per decode step. A pure decode
+    plan is ``steady``: the engine may repeat it without asking (event skipping), and the
+    repeats are recovered from how far the running members got.
+    """
+
+    def __init__(self) -> None:
+        self.context: dict[int, int] = {}
+
+    def schedule(self, view: View, ordering: str, size: int, wait_s: float | None,
+                 key: Callable[[SeqView], Hashable] | None = None) -> Plan:
+        """Continue the batch in flight, or dispatch a new one when ``pick_batch`` says so."""
+        queue = order_queue(view.waiting, ordering)
+        rejoin = [s for s in queue if s.id in self.context]
+        if view.running or rejoin:
+            return self._continue(view, rejoin)
+        self.context.clear()  # the previous batch is done: every member finished
+        batch, wake = pick_batch(queue, view.now_s, size, wait_s, view.more_arrivals, key)
+        members = fitting_prefix(batch, view.kv, view.kv.free_blocks)
+        if not members:
+            return Plan(wake_at_s=wake)
+        for s in members:
+            self.context[s.id] = s.num_computed_tokens + s.num_uncomputed
+        return padded_prefill(members)
+
+    def _continue(self, view: View, rejoin: list[SeqView]) -> Plan:
+        running, kv, ctx = view.running, view.kv, self.context
+        # Decode steps the engine repeated since the last plan (0 without event skipping).
+        skipped = max((s.num_computed_tokens - ctx[s.id] for s in running if s.id in ctx),
+                      default=0)
+        present = {s.id for s in running} | {s.id for s in rejoin}
+        for sid in ctx:
+            if sid not in present:
+                ctx[sid] += skipped
+        for s in running:  # adopt what runs, so the policy's view of its batch never drifts
+            ctx[s.id] = s.num_computed_tokens
+        fit = fitting_prefix(rejoin, kv, kv.free_blocks - len(running)) if rejoin else []
+        if fit:
+            for s in fit:
+                ctx[s.id] = s.num_uncomputed
+            return padded_prefill(fit)
+        if not running:
+            return Plan()
+        budget = budget_for(kv, None, None)
+        preempt = grow_running(running, kv, budget)
+        if not budget.run:
+            return Plan()
+        for s in running:
+            if s.id in budget.run:
+                ctx[s.id] += budget.run[s.id]
+        padding = []
+        for sid in ctx:
+            if sid not in present:
+                ctx[sid] += 1
+                padding.append(PaddingRow(1, ctx[sid]))
+        steady = not preempt and not rejoin and all(n == 1 for n in budget.run.values())
+        return Plan(run=budget.run, preempt=preempt, padding=tuple(padding), steady=steady)
