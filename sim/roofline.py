@@ -5,6 +5,9 @@ norms/elementwise, TP all-reduce) plus the embedding and LM head once per step. 
 ``max(flops / (peak × compute_eff), bytes / (HBM bandwidth × memory_eff)) + kernel latency``;
 GEMM efficiency is shape-aware (few token rows cannot fill the tensor cores), attention splits
 into compute-bound prefill and KV-reading decode, and all-reduce is ``α + 2(n−1)/n · bytes / bus``.
+Attention also pays for under-filled SMs: with ``P`` independent work units (prefill: query-head
+× 128-token query tiles; decode: KV-head streams, long contexts split into ``split_tokens``
+pieces) a uniform batch takes ``t · (1 + par_half / P)``, so few heads per GPU run worse.
 Everything is per GPU of one tensor-parallel model instance; ``StepCost.flops``/``bytes`` are the
 totals over its ``tp`` GPUs. ``step`` does a handful of numpy reductions and scalar arithmetic so
 the simulator can call it every iteration.
@@ -51,6 +54,10 @@ class CostParams:
     per_step_s: float
     per_seq_s: float
     per_layer_launch_s: float
+    attention_pad_tokens: float = 0.0
+    attention_prefill_par_half: float = 0.0
+    attention_decode_par_half: float = 0.0
+    attention_split_tokens: float = float("inf")
 
     @staticmethod
     def of(gpu: GpuProfile, engine: EngineProfile, **overrides: float) -> CostParams:
@@ -63,12 +70,30 @@ class CostParams:
             (c.kernel_latency_us if c.attention_latency_us is None else c.attention_latency_us)
             * 1e-6, c.attention_row_tokens, c.kernel_latency_us * 1e-6, c.comm_eff,
             ic.allreduce_alpha_us * 1e-6, ic.alpha_per_peer_us * 1e-6,
-            engine.per_step_s, engine.per_seq_s, engine.per_layer_launch_s)
+            engine.per_step_s, engine.per_seq_s, engine.per_layer_launch_s,
+            *(float(_calibration_value(c, k, d)) for k, d in _ATTENTION_EXTRAS.items()))
         known = [f.name for f in fields(CostParams)]
         bad = sorted(set(overrides) - set(known))
         if bad:
             raise ProfileError(f"unknown cost-model override(s) {bad}; known: {', '.join(known)}")
         return replace(base, **{k: float(v) for k, v in overrides.items()})
+
+
+#: Attention-occupancy parameters and their neutral defaults (no padding, full occupancy). A GPU
+#: profile gives them as ``calibration:`` keys, or inside ``calibration.fit`` while
+#: ``sim.hardware.Calibration`` does not yet declare them.
+_ATTENTION_EXTRAS = {"attention_pad_tokens": 0.0, "attention_prefill_par_half": 0.0,
+                     "attention_decode_par_half": 0.0, "attention_split_tokens": float("inf")}
+#: Query rows per prefill attention tile (FlashAttention's block size for head_dim 128).
+PREFILL_TILE_TOKENS = 128.0
+
+
+def _calibration_value(cal: object, key: str, default: float) -> float:
+    """``key`` of a GPU calibration: its attribute, else its ``fit`` entry, else ``default``."""
+    value = getattr(cal, key, None)
+    if value is None:
+        value = getattr(cal, "fit", {}).get(key)
+    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -123,6 +148,8 @@ class RooflineCost(_ShapeCost):
         setf(self, "_attn_flops_pair", 4.0 * hq * m.head_dim)
         setf(self, "_kv_bytes_tok_layer", 2.0 * hkv * m.head_dim * kvb)
         setf(self, "_q_bytes_tok", 2.0 * hq * m.head_dim * _ACT_BYTES)  # read Q, write O
+        setf(self, "_hq", hq)
+        setf(self, "_hkv", float(hkv))
         ic = self.gpu.interconnect
         bus = (ic.bus_bw_gbps if ic.nvlink_gbps > 0 else self.gpu.pcie_gbps) * 1e9 * p.comm_eff
         setf(self, "_bus", bus)
@@ -152,35 +179,72 @@ class RooflineCost(_ShapeCost):
         eff = self.compute_eff(m if m_rows is None else m_rows)
         return flops / (self._peak * eff), nbytes / self._bw, flops, nbytes
 
+    def _decode_unit_s(self, c: float | np.ndarray) -> float | np.ndarray:
+        """Seconds of one parallel unit of a decode row attending ``c`` keys: the row's time
+        over its KV streams ``hkv · (1 + c / split_tokens)``. Works on floats and arrays."""
+        p = self.params
+        tc = self._attn_flops_pair * c / (self._peak * p.attention_compute_eff)
+        tm = (self._kv_bytes_tok_layer * (c + p.attention_row_tokens + 1.0)
+              + self._q_bytes_tok) / self._att_bw
+        t = np.maximum(tc, tm) if isinstance(c, np.ndarray) else max(tc, tm)
+        return t / (self._hkv * (1.0 + c / p.attention_split_tokens))
+
+    def _decode_tail_s(self, c_min: float | np.ndarray, c_max: float | np.ndarray
+                       ) -> float | np.ndarray:
+        """Under-filled-SM cost of decode attention: ``par_half`` units of the slowest row.
+        The unit time is a ratio of linear maps in the context (quasi-convex), so the slowest
+        row is the shortest or the longest; when the unit time grows with the context
+        (``row_tokens + 1 <= split_tokens``, every fitted GPU) only the longest is looked at,
+        and the step time stays monotone in work."""
+        p = self.params
+        slow = self._decode_unit_s(c_max)
+        if p.attention_row_tokens + 1.0 > p.attention_split_tokens:
+            low = self._decode_unit_s(c_min)
+            slow = np.maximum(slow, low) if isinstance(slow, np.ndarray) else max(slow, low)
+        return p.attention_decode_par_half * slow
+
     def _attention(self, new: np.ndarray, ctx: np.ndarray, tokens: int
-                   ) -> tuple[tuple[float, float, float, float], ...]:
-        """(compute s, memory s, flops, bytes) of one layer's decode and prefill attention."""
+                   ) -> tuple[list[float], ...]:
+        """[compute s, memory s, flops, bytes] of one layer's decode and prefill attention.
+
+        On top of the roofline the kernel pays ``par_half`` extra units of its slowest row's
+        per-unit time (the larger of the decode and prefill tails): for a uniform batch of
+        ``P`` units, ``t · (1 + par_half / P)``."""
         p, w, rows = self.params, self.model.sliding_window, len(new)
         if w is not None:
             ctx_w = np.minimum(ctx, w)
-        if tokens == rows:  # pure decode, the common case: keep it to one reduction
+        if tokens == rows:  # pure decode, the common case: keep it to few reductions
             n_dec, new_pf = rows, 0
-            kv_dec = pairs_all = kv_all = int((ctx if w is None else ctx_w).sum())
+            c_dec = ctx if w is None else ctx_w
+            kv_dec = pairs_all = kv_all = int(c_dec.sum())
         else:
             dec = new == 1
             n_dec = int(np.count_nonzero(dec))
             new_pf = tokens - n_dec
             if w is None:  # causal: query i of a chunk sees ctx - new + i keys
-                pairs_all = int(np.dot(new, ctx)) - (int(np.dot(new, new)) - tokens) // 2
+                pairs = new * ctx - (new * new - new) // 2
                 kv_tok = ctx
             else:  # ...but never more than w of them
                 first = ctx - new + 1
                 full = np.clip(ctx_w - first + 1, 0, None)  # queries at positions <= w
-                pairs_all = int((full * (2 * first + full - 1) // 2 + (new - full) * w).sum())
+                pairs = full * (2 * first + full - 1) // 2 + (new - full) * w
                 kv_tok = np.minimum(ctx, w + new - 1)
+            pairs_all = int(pairs.sum())
             kv_all = int(kv_tok.sum())
-            kv_dec = int(kv_tok[dec].sum()) if n_dec else 0
+            c_dec = kv_tok[dec]
+            kv_dec = int(c_dec.sum()) if n_dec else 0
         fpp, kvt, bw = self._attn_flops_pair, self._kv_bytes_tok_layer, self._att_bw
         out = []
+        # every row streams its KV: the decode-style tail covers prefill rows too, so a row
+        # turning from decode into a prefill chunk never lowers it
+        c_all = c_dec if new_pf == 0 else kv_tok
+        c_min = float(c_all.min()) if p.attention_row_tokens + 1.0 > p.attention_split_tokens \
+            else 0.0
+        tail = self._decode_tail_s(c_min, float(c_all.max()))
         if n_dec:  # decode: one query per row, reads the row's whole (windowed) KV
             f = fpp * kv_dec
             b = kvt * (kv_dec + n_dec * p.attention_row_tokens) + n_dec * (kvt + self._q_bytes_tok)
-            out.append((f / (self._peak * p.attention_compute_eff), b / bw, f, b))
+            out.append([f / (self._peak * p.attention_compute_eff), b / bw, f, b])
         if new_pf:  # prefill chunks: causal FLOPs against the context; short chunks run worse
             f = fpp * (pairs_all - kv_dec)
             rows_pf = len(new) - n_dec  # each row also pays the fixed per-sequence work
@@ -188,7 +252,17 @@ class RooflineCost(_ShapeCost):
                  + self._q_bytes_tok * new_pf)
             chunk = new_pf / rows_pf
             eff = p.attention_compute_eff * chunk / (chunk + p.attention_m_half)
-            out.append((f / (self._peak * eff), b / bw, f, b))
+            # each query also computes the masked half of its diagonal tile (pad_tokens keys)
+            pad = fpp * p.attention_pad_tokens
+            n_p, pairs_p, kv_p = new[~dec], pairs[~dec], kv_tok[~dec]
+            unit = np.maximum((fpp * pairs_p + pad * n_p) / (self._peak * eff),
+                              (kvt * (kv_p + n_p + p.attention_row_tokens)
+                               + self._q_bytes_tok * n_p) / bw)
+            unit = unit / (self._hq * (1.0 + n_p / PREFILL_TILE_TOKENS))  # query-head tiles
+            tail = max(tail, p.attention_prefill_par_half * float(unit.max()))
+            out.append([(f + pad * new_pf) / (self._peak * eff), b / bw, f, b])
+        out[-1][0] += tail  # one kernel: its slowest unit sets the under-filled tail
+        out[-1][1] += tail
         return tuple(out)
 
     def step(self, shape: BatchShape) -> StepCost:
@@ -275,7 +349,12 @@ class RooflineCost(_ShapeCost):
         fpp, kvt = self._attn_flops_pair, self._kv_bytes_tok_layer
         f = fpp * kv
         b = kvt * (kv + rows * p.attention_row_tokens) + rows * (kvt + self._q_bytes_tok)
-        t = np.maximum(f / (self._peak * p.attention_compute_eff), b / self._att_bw)
+        c_min, c_max = float(ctx.min()) + j, float(ctx.max()) + j
+        if w is not None:
+            c_min, c_max = np.minimum(c_min, w), np.minimum(c_max, w)
+        tail = self._decode_tail_s(c_min, c_max)
+        t = np.maximum(f / (self._peak * p.attention_compute_eff) + tail,
+                       b / self._att_bw + tail)
         att = (t + (p.attention_latency_s + p.kernel_latency_s)) * L
         total = np.zeros(num_steps)
         for name, value in first.breakdown.items():  # same summation order as ``step``

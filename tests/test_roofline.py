@@ -59,7 +59,7 @@ def test_decode_scales_with_weights_and_kv():
     cm = _cost("llama-2-7b")
     t_short, t_long = cm.step_time([1] * 32, [128] * 32), cm.step_time([1] * 32, [4096] * 32)
     kv_extra = 32 * (4096 - 128) * cm.kv_bytes_per_token / (cm.gpu.hbm_bytes_per_s
-                                                            * cm.params.memory_eff)
+                                                            * cm.params.attention_memory_eff)
     assert t_long - t_short == pytest.approx(kv_extra, rel=0.05)
 
 
