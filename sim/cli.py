@@ -79,7 +79,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from sim import hardware
 
     if args.model and args.hardware:
-        from sim.capacity import describe_capacity
+        from sim.kv_capacity import describe_capacity
 
         print(describe_capacity(args.model, args.hardware, args.tp, args.block_size,
                                 args.gpu_memory_utilization))
@@ -112,7 +112,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from sim.capacity import run_capacity
 
     run_capacity(args.config, slo=args.slo, attainment=args.attainment, overrides=args.set,
-                 out=args.out, tolerance=args.tolerance)
+                 out=args.out, tolerance=args.tolerance, jobs=args.jobs, quiet=args.quiet)
     return 0
 
 
@@ -166,7 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="per-request SLO attainment goal instead of percentiles (e.g. 0.9)")
     cap.add_argument("--tolerance", type=float, default=0.05, help="relative rate tolerance")
     cap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    cap.add_argument("--out", help="folder for capacity.csv and the search trace")
+    cap.add_argument("--out", help="folder for capacity.csv and search.csv (default "
+                     "runs/<name>-capacity); probe results are cached there and reused")
+    cap.add_argument("--jobs", type=int, default=1, help="probes run in parallel per round")
+    cap.add_argument("--quiet", action="store_true", help="print nothing but errors")
     cap.set_defaults(func=cmd_capacity)
 
     pr = sub.add_parser("profiles", help="list built-in GPUs and models; with --model and "

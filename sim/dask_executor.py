@@ -6,6 +6,7 @@ own docs assume for file outputs). Without an address a local cluster is started
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,18 @@ def run_on_dask(args: list[tuple[dict[str, Any], str, str]], address: str | None
         client = Client(address, timeout="20s")
     else:
         cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                               dashboard_address=None)
+                               dashboard_address=None, silence_logs=logging.ERROR)
         client = Client(cluster)
+    futures = {}
     try:
         futures = {client.submit(execute_run, *a, pure=False): Path(a[2]).name for a in args}
         for fut in as_completed(futures):
             yield futures[fut], fut.result()
+    except BaseException:
+        # Ctrl-C or a lost cluster: drop the queued runs; finished ones are on disk already.
+        if futures:
+            client.cancel(list(futures))
+        raise
     finally:
         client.close()
         if cluster is not None:

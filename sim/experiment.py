@@ -8,8 +8,7 @@ cluster (``executor="dask"``) — the same function either way, so results are i
 from __future__ import annotations
 
 import json
-import sys
-import time
+import signal
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -19,6 +18,7 @@ import pandas as pd
 import yaml
 
 from sim.config import ConfigError, RunSpec, expand_runs, load_yaml
+from sim.progress import Progress
 from sim.results import read_json, write_text
 from sim.runner import build_cost, build_requests, execute_run, kv_spec, run_id
 
@@ -57,8 +57,38 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
                 raise ConfigError(f"{source}: {e}") from None
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+def clean_temp_files(out: Path) -> int:
+    """Delete temporary files (``.NAME.*.tmp``) left under ``out`` by a killed run.
+
+    Final names are only ever created by an atomic rename, so a temporary file is never
+    anything but debris; two commands must not share one output folder at the same time.
+    """
+    count = 0
+    if out.is_dir():
+        for tmp in out.rglob(".*.tmp"):
+            if tmp.is_file():
+                tmp.unlink(missing_ok=True)
+                count += 1
+    return count
+
+
+def worker_init() -> None:
+    """Pool worker initializer: Ctrl-C is handled by the parent, which stops the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Stop the workers now and drop queued runs (runs in flight are redone on resume).
+
+    The worker list is read before ``shutdown``, which forgets it; ``ProcessPoolExecutor`` has
+    no public way to stop busy workers before Python 3.14.
+    """
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
+        proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.join(timeout=5)
 
 
 def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, jobs: int,
@@ -74,20 +104,26 @@ def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, 
         for a in args:
             on_done(Path(a[2]).name, execute_run(*a))
         return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(args)), initializer=worker_init)
+    try:
         futures = {pool.submit(execute_run, *a): Path(a[2]).name for a in args}
         for fut in as_completed(futures):
             on_done(futures[fut], fut.result())
+    except BaseException:
+        stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
 
 
 def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
     """One row per finished run, in sweep order: run_id, label, swept keys, metrics."""
-    rows = []
+    rows, seen = [], set()
     for spec in runs:
         rid = run_id(spec.config)
         path = out / "runs" / rid / "summary.json"
-        if not path.exists():
+        if rid in seen or not path.exists():
             continue
+        seen.add(rid)
         s = read_json(path)
         cfg = spec.config
         row = {"run_id": rid, "label": spec.label, "policy": cfg["policy"].get("name"),
@@ -128,30 +164,32 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
     preflight(runs, base_dir, str(path))
     out = Path(out) if out else Path("runs") / base["name"]
     (out / "runs").mkdir(parents=True, exist_ok=True)
+    clean_temp_files(out)
     write_text(out / "experiment.yaml", yaml.safe_dump(
         {"source": str(path), "overrides": overrides or [], "experiment": raw},
         sort_keys=False))
-    todo = []
+    todo: list[tuple[str, dict[str, Any]]] = []
     for spec in runs:
         rid = run_id(spec.config)
         if not (out / "runs" / rid / "summary.json").exists() and all(
                 rid != r for r, _ in todo):
             todo.append((rid, spec.config))
-    log = (lambda m: None) if quiet else _log
-    log(f"batchsim: {base['name']}: {len(runs)} runs, {len(runs) - len(todo)} already done")
-    t0, done, failed = time.perf_counter(), 0, 0
+    progress = Progress(base["name"], len(todo), quiet=quiet)
+    progress.message(f"batchsim: {base['name']}: {len(runs)} runs, "
+                     f"{len(runs) - len(todo)} already done")
+    progress.start()
 
     def on_done(rid: str, result: dict[str, Any]) -> None:
-        nonlocal done, failed
-        done += 1
-        failed += "error" in result
-        spent = time.perf_counter() - t0
-        eta = spent / done * (len(todo) - done)
-        status = f"FAILED: {result['error']}" if "error" in result else "ok"
-        log(f"  [{done}/{len(todo)}] run {rid} {status} ({spent:.1f}s elapsed, "
-            f"ETA {eta:.0f}s)")
+        progress.advance(rid, result.get("error"))
 
-    _execute(todo, base_dir, out, jobs, executor, address, on_done)
+    try:
+        _execute(todo, base_dir, out, jobs, executor, address, on_done)
+    except BaseException:
+        progress.close()
+        clean_temp_files(out)
+        raise
+    progress.close()
+    failed = progress.failed
     summary = collect_summary(out, runs)
     write_text(out / "summary.csv", summary.to_csv(index=False))
     agg = seed_aggregate(summary) if len(summary) else None
@@ -163,5 +201,5 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
 
         write_outputs(out, base, runs, summary, plots=draw)
     if failed:
-        log(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
+        progress.message(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
     return summary

@@ -1,0 +1,123 @@
+"""Simulator speed and scale benchmark (not part of the test suite).
+
+Simulates N requests of Azure-conversation-like traffic — prompt/output pairs resampled from
+the Azure LLM inference 2023 conversation trace, Poisson arrivals at a fixed share of the
+deployment's measured saturation rate — for each N and policy, each in a fresh subprocess so
+peak memory (max RSS) is its own. Prints requests simulated per second, steps (engine
+iterations) per second, SimPy events, peak memory, and writes a scaling plot and CSV.
+
+    python benchmarks/scale.py                       # 10k, 100k, 1M × every policy
+    python benchmarks/scale.py --sizes 10000 100000 --policies continuous
+    python benchmarks/scale.py --output-scale 4      # same arrivals, outputs ×4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+POLICIES = {
+    "continuous": {"name": "continuous", "max_num_seqs": 256, "max_num_batched_tokens": 16384},
+    "chunked_prefill": {"name": "chunked_prefill", "token_budget": 2048, "max_num_seqs": 256},
+    "static": {"name": "static", "batch_size": 32, "timeout_s": 0.5},
+    "dynamic": {"name": "dynamic", "max_batch_size": 32, "max_wait_s": 0.1},
+}
+
+
+def one(size: int, policy: str, rate: float, output_scale: float, seed: int) -> dict:
+    """Run one benchmark point in this process and return its measurements."""
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+
+    import sim
+    from sim.workload import build_workload_arrays
+
+    t0 = time.perf_counter()
+    spec = {"arrival": {"process": "poisson", "rate": rate}, "num_requests": size,
+            "lengths": {"dist": "empirical", "trace": "azure-conv"}}
+    arrays = build_workload_arrays(spec, np.random.default_rng(seed))
+    if output_scale != 1:
+        arrays = type(arrays)(arrays.arrival_s, arrays.num_prompt_tokens,
+                              np.maximum(1, np.round(arrays.num_output_tokens * output_scale)
+                                         ).astype(np.int64), source=arrays.source)
+    reqs = arrays.to_requests()
+    t_load = time.perf_counter() - t0
+    cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engine="vllm")
+    t1 = time.perf_counter()
+    res = sim.simulate(reqs, policy=POLICIES[policy], cost=cost, kv={"block_size": 16})
+    wall = time.perf_counter() - t1
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"size": size, "policy": policy, "output_scale": output_scale, "rate": rate,
+            "wall_s": round(wall, 3), "workload_s": round(t_load, 3),
+            "requests_per_s": round(size / wall, 1), "steps": int(res.summary["num_steps"]),
+            "steps_per_s": round(res.summary["num_steps"] / wall, 1),
+            "completed": int(res.summary["completed"]), "peak_rss_mb": round(rss_mb, 1),
+            "busy_fraction": round(res.summary["busy_fraction"], 3),
+            "p99_ttft_ms": round(res.summary["p99_ttft_ms"], 1)}
+
+
+def main() -> None:
+    """Run every (size, policy) point in a subprocess and tabulate."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
+    ap.add_argument("--rate", type=float, default=12.0,
+                    help="req/s; ~80%% of Llama-3-8B/H100 saturation on this traffic")
+    ap.add_argument("--output-scale", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        size, policy = args.one.split(":")
+        print(json.dumps(one(int(size), policy, args.rate, args.output_scale, args.seed)))
+        return
+    rows = []
+    for size in args.sizes:
+        for policy in args.policies:
+            cmd = [sys.executable, __file__, "--one", f"{size}:{policy}", "--rate",
+                   str(args.rate), "--output-scale", str(args.output_scale), "--seed",
+                   str(args.seed)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode:
+                print(p.stderr, file=sys.stderr)
+                continue
+            row = json.loads(p.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    tag = f"x{args.output_scale:g}"
+    df.to_csv(out / f"scale_{tag}.csv", index=False)
+    print(df.to_string(index=False))
+    plot(df, out / f"scale_{tag}.png")
+
+
+def plot(df, path: Path) -> None:  # noqa: ANN001
+    """Wall time vs requests, one line per policy, log-log."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=110)
+    ax = fig.add_subplot()
+    for policy, g in df.groupby("policy"):
+        ax.loglog(g["size"], g["wall_s"], marker="o", label=policy)
+    ax.set_xlabel("requests simulated")
+    ax.set_ylabel("wall time (s)")
+    ax.set_title("batchsim scaling (Llama-3-8B, H100, Azure-conv-like)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Sweep progress on stderr: a one-line bar on a terminal, plain log lines otherwise.
+
+The bar (``name [#####-----] 3/6 runs  1 failed  12s elapsed  ETA 9s``) is redrawn in place
+with a carriage return each time a run finishes; messages (a failed run, the final summary)
+are printed above it on their own lines. When stderr is not a terminal (a CI log, a file, a
+pipe) every finished run is one log line instead, so logs stay greppable. No dependencies, no
+threads: the bar moves when runs finish.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+
+def format_seconds(seconds: float) -> str:
+    """``42s``, ``3m05s`` or ``1h02m``: short enough for a progress line."""
+    s = max(int(round(seconds)), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class Progress:
+    """Progress of ``total`` runs of an experiment called ``name``.
+
+    ``bar=None`` draws the bar only when ``stream`` is a terminal; ``quiet`` prints nothing.
+    ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, name: str, total: int, *, stream: TextIO | None = None,
+                 bar: bool | None = None, quiet: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.name, self.total = name, total
+        self.stream = stream if stream is not None else sys.stderr
+        self.quiet = quiet
+        if bar is None:
+            isatty = getattr(self.stream, "isatty", None)
+            bar = bool(isatty and isatty())
+        self.bar = bar and not quiet
+        self.clock = clock
+        self.t0 = clock()
+        self.done = 0
+        self.failed = 0
+        self._drawn = False
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def _clear(self) -> None:
+        if self._drawn:
+            self._write("\r\x1b[2K")
+            self._drawn = False
+
+    def message(self, text: str) -> None:
+        """Print ``text`` on its own line (above the bar on a terminal)."""
+        if self.quiet:
+            return
+        self._clear()
+        self._write(text + "\n")
+        if self.bar and 0 < self.done < self.total:
+            self._draw()
+
+    def eta(self) -> float | None:
+        """Seconds left, extrapolated from the mean time per finished run."""
+        if not self.done:
+            return None
+        return (self.clock() - self.t0) / self.done * (self.total - self.done)
+
+    def line(self, width: int = 80) -> str:
+        """The progress bar text, fitted into ``width`` columns."""
+        spent = self.clock() - self.t0
+        eta = self.eta()
+        tail = f" {self.done}/{self.total} runs"
+        if self.failed:
+            tail += f"  {self.failed} failed"
+        tail += f"  {format_seconds(spent)} elapsed"
+        if eta is not None and self.done < self.total:
+            tail += f"  ETA {format_seconds(eta)}"
+        head = f"{self.name} "
+        room = min(30, width - len(head) - 52)  # a fixed bar, so it does not jitter
+        if room < 10:
+            return (head + tail.strip())[:max(width - 1, 1)]
+        filled = room * self.done // max(self.total, 1)
+        return f"{head}[{'#' * filled}{'-' * (room - filled)}]{tail}"[:max(width - 1, 1)]
+
+    def _draw(self) -> None:
+        width = shutil.get_terminal_size((80, 20)).columns
+        self._write("\r\x1b[2K" + self.line(width))
+        self._drawn = True
+
+    def start(self) -> None:
+        """Show the empty bar (terminal only)."""
+        if self.bar and self.total:
+            self._draw()
+
+    def advance(self, run_id: str, error: str | None = None) -> None:
+        """Count one finished run (``error``: why it failed)."""
+        self.done += 1
+        self.failed += error is not None
+        if self.quiet:
+            return
+        if self.bar:
+            if error is not None:
+                self.message(f"  run {run_id} FAILED: {error}")
+            self._draw()
+            return
+        spent = self.clock() - self.t0
+        eta = self.eta() or 0.0
+        status = f"FAILED: {error}" if error is not None else "ok"
+        self._write(f"  [{self.done}/{self.total}] run {run_id} {status} "
+                    f"({spent:.1f}s elapsed, ETA {eta:.0f}s)\n")
+
+    def close(self) -> None:
+        """End the bar line (terminal only) so later output starts on a fresh line."""
+        if self._drawn:
+            self._write("\n")
+            self._drawn = False
