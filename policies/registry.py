@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -85,7 +86,11 @@ def make_policy(spec: str | Mapping[str, Any] | Policy) -> Policy:
                           "{name: continuous, max_num_seqs: 64}")
     params = dict(spec)
     name = params.pop("name")
-    params.pop("label", None)  # a display name for reports, not a parameter
+    label = params.pop("label", None)  # a display name for reports, not a parameter
+    if label is not None and not isinstance(label, str):
+        raise PolicyError(f"policy.label: must be a string, got {type(label).__name__}")
+    if not isinstance(name, str):
+        raise PolicyError(f"policy.name: must be a string, got {type(name).__name__}")
     cls = _REGISTRY.get(name)
     if cls is None:
         hint = difflib.get_close_matches(str(name), _REGISTRY, n=1)
@@ -94,24 +99,34 @@ def make_policy(spec: str | Mapping[str, Any] | Policy) -> Policy:
                           f"{', '.join(sorted(_REGISTRY))}")
     accepted = policy_params(cls)
     for key in params:
-        if key not in accepted:
-            hint = difflib.get_close_matches(key, accepted, n=1)
+        if not isinstance(key, str) or key not in accepted:
+            hint = difflib.get_close_matches(str(key), accepted, n=1)
             extra = f" (did you mean {hint[0]!r}?)" if hint else ""
             raise PolicyError(f"policy.{key}: unknown parameter of {name!r}{extra}; accepted: "
                               f"{', '.join(accepted)}")
     for key, value in params.items():
-        default = accepted[key]
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise PolicyError(f"policy.{key}: expected true/false, got {value!r}")
-        if isinstance(default, (int, float)) and not isinstance(default, bool) and (
-                isinstance(value, bool) or not isinstance(value, (int, float))):
-            if value is not None:
-                raise PolicyError(f"policy.{key}: expected a number, got {value!r}")
-        if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
-            if not value.is_integer():
-                raise PolicyError(f"policy.{key}: expected an integer, got {value!r}")
-            params[key] = int(value)
+        params[key] = _typed(key, value, accepted[key])
     return cls(**params)
+
+
+def _typed(key: str, value: Any, default: Any) -> Any:
+    """Check ``value`` against the type of the parameter's default (``None`` defaults accept
+    anything the policy's own validation allows)."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise PolicyError(f"policy.{key}: expected true/false, got {value!r}")
+    elif isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PolicyError(f"policy.{key}: expected a number, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PolicyError(f"policy.{key}: must be finite, got {value!r}")
+        if isinstance(default, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise PolicyError(f"policy.{key}: expected an integer, got {value!r}")
+            return int(value)
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise PolicyError(f"policy.{key}: expected a string, got {value!r}")
+    return value
 
 
 def check_positive(policy: Policy, **values: float | None) -> None:

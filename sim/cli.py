@@ -42,7 +42,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(summary) and not args.quiet:
         print(summary[cols + [c for c in summary.columns if "." in c]].to_string(
             index=False, float_format=lambda v: f"{v:.4g}"))
-    return 0 if len(summary) else 1
+    errors = summary.attrs.get("errors", [])
+    if errors and not len(summary):
+        # Every run failed after validation passed: a bug (exit 1), its traceback on file.
+        print(f"batchsim: every run failed; first: {errors[0]} (traceback in "
+              f"{summary.attrs.get('out')}/runs/*/error.txt)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -123,11 +129,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return calibrate_main(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the contract's error shape: one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """Report a bad argument in one line (``--help`` still shows the usage)."""
+        print(f"batchsim: error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    p = argparse.ArgumentParser(prog="batchsim", description="Simulate LLM serving batching "
-                                "policies on a calibrated roofline cost model.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = _Parser(prog="batchsim", description="Simulate LLM serving batching "
+                "policies on a calibrated roofline cost model.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=_Parser)
 
     r = sub.add_parser("run", help="run (or resume) an experiment YAML")
     r.add_argument("config", help="experiment YAML file")

@@ -33,8 +33,52 @@ class RunSpec:
     label: str
 
 
+#: Most scalar values a config may hold once aliases are expanded (an alias bomb guard).
+MAX_CONFIG_VALUES = 100_000
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys instead of keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be a plain value",
+                    key_node.start_mark) from None
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first})",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_shape(data: Any, path: Path) -> None:
+    """Refuse non-string keys anywhere and configs too large to be hand-written."""
+    budget = MAX_CONFIG_VALUES
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        node, where = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise ConfigError(f"{path}: {where.rstrip('.') or 'top level'}: more than "
+                              f"{MAX_CONFIG_VALUES:,} values once YAML aliases are expanded; "
+                              "refusing it")
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not isinstance(key, str):
+                    raise ConfigError(f"{path}: {where}{key!r}: keys must be strings")
+                stack.append((value, f"{where}{key}."))
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}].") for i, v in enumerate(node))
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
-    """Read an experiment YAML (``yaml.safe_load`` only) into a mapping."""
+    """Read an experiment YAML (safe loading only, duplicate keys refused) into a mapping."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -42,14 +86,19 @@ def load_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         problem = getattr(e, "problem", None) or "invalid YAML"
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer literal too long to convert
+        raise ConfigError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level")
+    _check_shape(data, path)
     return data
 
 
@@ -75,6 +124,8 @@ def _check_value(value: Any, key: Key, path: str) -> Any:
         if bad:
             rel = ">" if key.exclusive_min else ">="
             raise ConfigError(f"{path}: must be {rel} {key.minimum}, got {value!r}")
+    if key.maximum is not None and isinstance(value, (int, float)) and value > key.maximum:
+        raise ConfigError(f"{path}: must be <= {key.maximum:g}, got {value!r}")
     return value
 
 

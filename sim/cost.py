@@ -15,6 +15,12 @@ import numpy as np
 
 from sim.types import BatchShape, StepCost
 
+#: Shortest step an analytic model may take: below it float time (ulp ~1e-7 s at t ~ 1e9 s,
+#: the longest trace allowed) stops advancing, and results would be nonsense.
+MIN_STEP_S = 1e-6
+#: Longest step (a day): anything longer is a units mistake.
+MAX_STEP_S = 86_400.0
+
 
 @dataclass(frozen=True)
 class StepSeries:
@@ -90,8 +96,10 @@ class ConstantCost(_ShapeCost):
     step_s: float
 
     def __post_init__(self) -> None:
-        if not self.step_s > 0:
-            raise ValueError(f"ConstantCost.step_s must be > 0, got {self.step_s}")
+        object.__setattr__(self, "step_s", float(self.step_s))  # an int literal stays exact
+        if not MIN_STEP_S <= self.step_s <= MAX_STEP_S:
+            raise ValueError(f"cost.step_s: must be in [{MIN_STEP_S:g}, {MAX_STEP_S:g}] s, got "
+                             f"{self.step_s:g}")
 
     def step(self, shape: BatchShape) -> StepCost:
         """Always ``step_s``."""
@@ -111,10 +119,14 @@ class LinearCost(_ShapeCost):
     per_seq_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.base_s < 0 or self.per_token_s < 0 or self.per_seq_s < 0:
-            raise ValueError("LinearCost parameters must be >= 0")
-        if self.base_s == 0 and self.per_token_s == 0 and self.per_seq_s == 0:
-            raise ValueError("LinearCost needs at least one positive parameter")
+        for name in ("base_s", "per_token_s", "per_seq_s"):
+            value = float(getattr(self, name))
+            object.__setattr__(self, name, value)
+            if not 0 <= value <= MAX_STEP_S:
+                raise ValueError(f"cost.{name}: must be in [0, {MAX_STEP_S:g}] s, got {value:g}")
+        if self.base_s + self.per_token_s + self.per_seq_s < MIN_STEP_S:
+            raise ValueError(f"cost.base_s: a one-token step would take less than {MIN_STEP_S:g}"
+                             " s; give base_s, per_token_s or per_seq_s a positive value")
 
     def step(self, shape: BatchShape) -> StepCost:
         """Linear in tokens computed and rows in the batch."""

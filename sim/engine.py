@@ -1,35 +1,36 @@
 """The simulation engine: one SimPy process per replica replaying arrivals against a policy.
 
 Each iteration: take the arrivals due, snapshot a ``View``, ask the policy for a ``Plan``,
-validate it, apply rejections and preemptions, grow KV, cost the batch, ``yield`` the step's
-duration, then commit tokens (first token, finish, free KV) and record the step.
+validate it (``sim.validate``), apply rejections and preemptions, grow KV, cost the batch,
+``yield`` the step's duration, then commit tokens (first token, finish, free KV) and record the
+step. Steady decode stretches are advanced in one event (``sim.skipping``).
 
 Same-time rule (documented, tested): a request whose ``arrival_s`` is <= the clock at a
 scheduling point is visible to that plan, so an arrival exactly at a step boundary is seen by
 the next plan. Arrivals are pulled from each replica's sorted list rather than being separate
 SimPy events, which makes this ordering explicit and costs no event per request.
+
+KV (``sim.kv``): a preempted request either drops its KV (``recompute``) or moves it to host
+memory (``swap``); a swap's PCIe transfer time, out and back in, is added to the duration of
+the step in which it happens. A request preempted more than ``kv.max_preemptions`` times is
+rejected, so no request can be preempted forever.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-import numpy as np
 import simpy
 
 from policies.registry import Policy
-from sim.cost import CostModel, step_series
+from sim.cost import CostModel
 from sim.kv import BlockPool, KVConfig
 from sim.metrics import StepLog
+from sim.skipping import MAX_SKIP_STEPS, commit_skip, plan_skip
 from sim.state import Seq
 from sim.types import BatchShape, Plan, Request, View
+from sim.validate import EngineError, validate_plan
 
-#: Most decode steps one skip covers: bounds the arrays built per skip.
-MAX_SKIP_STEPS = 2048
-
-
-class EngineError(RuntimeError):
-    """A policy returned a plan that breaks an engine rule (names the policy and the rule)."""
+__all__ = ["MAX_SKIP_STEPS", "EngineError", "Replica"]
 
 
 class Replica:
@@ -52,8 +53,10 @@ class Replica:
         self.waiting: dict[int, Seq] = {}
         self.preempted: dict[int, Seq] = {}  # listed before ``waiting``, newest first
         self.running: dict[int, Seq] = {}
-        self._next = 0
+        self.next_index = 0
         self.clock = 0.0
+        self._swap_s = 0.0  # host transfers of the step being prepared
+        self._swap_bytes = 0.0
 
     # -- the loop -----------------------------------------------------------------------------
     def process(self, env: simpy.Environment):  # noqa: ANN201 - a SimPy generator
@@ -72,13 +75,13 @@ class Replica:
                 return
             self._take_arrivals(now)
             if not (self.waiting or self.preempted or self.running):
-                if self._next >= len(reqs):
+                if self.next_index >= len(reqs):
                     return
-                yield from self._wait_until(env, reqs[self._next].arrival_s)
+                yield from self._wait_until(env, reqs[self.next_index].arrival_s)
                 continue
             view = self._view(now)
             plan = self.policy.schedule(view)
-            self._validate(plan, view)
+            validate_plan(self, plan, view)
             for sid, reason in plan.reject.items():
                 self._reject(self._pop_waiting(sid), now, reason)
             if not plan.run:
@@ -87,17 +90,21 @@ class Replica:
                     return
                 yield from self._wait_until(env, wake)
                 continue
+            self._swap_s = self._swap_bytes = 0.0
             for sid in plan.preempt:
-                self._preempt(self.running.pop(sid))
-            shape, num_prefill, num_decode = self._launch(plan, now)
+                self._preempt(self.running.pop(sid), now)
+            shape, num_prefill, num_decode, recomputed = self._launch(plan, now)
             step = self.cost.step(shape)
-            yield from self._wait_until(env, now + step.seconds)
-            self._commit(plan, now, self.clock, step, shape, num_prefill, num_decode)
+            swap_s, swap_bytes = self._swap_s, self._swap_bytes
+            yield from self._wait_until(env, now + (step.seconds + swap_s if swap_s
+                                                    else step.seconds))
+            self._commit(plan, now, self.clock, step, shape, num_prefill, num_decode,
+                         recomputed, swap_s, swap_bytes)
             if plan.steady and self.skip:
-                skip = self._plan_skip(plan, shape, self.clock)
+                skip = plan_skip(self, plan, shape, self.clock)
                 if skip is not None:
                     yield from self._wait_until(env, float(skip[1][-1]))
-                    self._commit_skip(plan, *skip)
+                    commit_skip(self, plan, *skip)
 
     def _wait_until(self, env: simpy.Environment, t: float):  # noqa: ANN202 - generator
         """Let SimPy run until ``t``, then set the replica's clock to exactly ``t``."""
@@ -105,7 +112,7 @@ class Replica:
         self.clock = t
 
     def _take_arrivals(self, now: float) -> None:
-        reqs, i, n = self.requests, self._next, len(self.requests)
+        reqs, i, n = self.requests, self.next_index, len(self.requests)
         while i < n and reqs[i].arrival_s <= now:
             seq = self.seqs[reqs[i].id]
             reason = self._never_fits(seq)
@@ -114,33 +121,38 @@ class Replica:
             else:
                 self.waiting[seq.req.id] = seq
             i += 1
-        self._next = i
+        self.next_index = i
 
     def _never_fits(self, seq: Seq) -> str:
         """Why a request can never be served by this replica's KV cache ('' if it can)."""
         cfg = self.pool.config
-        need = -(-(seq.req.num_prompt_tokens + 1) // cfg.block_size)
-        if cfg.allocator == "slab" and cfg.reserve_tokens is not None:
-            if seq.req.num_prompt_tokens + 1 > cfg.reserve_tokens:
-                return (f"prompt of {seq.req.num_prompt_tokens} tokens exceeds the slab "
-                        f"reservation of {cfg.reserve_tokens} tokens")
-            need = max(need, -(-cfg.reserve_tokens // cfg.block_size))
+        prompt = seq.req.num_prompt_tokens
+        reserve = cfg.reserve_for(prompt)
+        if cfg.allocator == "slab" and prompt + 1 > reserve:
+            return (f"prompt of {prompt} tokens exceeds the slab reservation of {reserve} "
+                    "tokens")
+        need = -(-max(prompt + 1, reserve) // cfg.block_size)
         if need > cfg.num_blocks:
             return f"needs {need} KV blocks, the cache has {cfg.num_blocks}"
         return ""
 
     def _view(self, now: float) -> View:
+        pool = self.pool
+        if pool.cache is not None:  # show each waiting request the prefix blocks cached now
+            for s in (*self.preempted.values(), *self.waiting.values()):
+                if not s.num_computed and s.req.prefix_id is not None:
+                    s.offer_hit(pool.hit_blocks(s) * pool.config.block_size)
         waiting = tuple(s.view() for s in reversed(self.preempted.values()))
         waiting += tuple(s.view() for s in self.waiting.values())
         running = tuple(s.view() for s in self.running.values())
-        more = self._next < len(self.requests)
-        return View(now, waiting, running, self.pool.view(), more)
+        more = self.next_index < len(self.requests)
+        return View(now, waiting, running, pool.view(), more)
 
     def _idle_until(self, plan: Plan, now: float) -> float | None:
         """When an empty plan should be asked again; ``None`` ends the replica."""
         candidates = []
-        if self._next < len(self.requests):
-            candidates.append(self.requests[self._next].arrival_s)
+        if self.next_index < len(self.requests):
+            candidates.append(self.requests[self.next_index].arrival_s)
         if plan.wake_at_s is not None:
             candidates.append(plan.wake_at_s)
         if candidates:
@@ -152,85 +164,62 @@ class Replica:
                 f"{len(self.running)} running")
         return None
 
-    # -- validation ---------------------------------------------------------------------------
-    def _fail(self, now: float, rule: str) -> None:
-        raise EngineError(f"policy {self.policy.name!r} at t={now:.6f}s broke a rule: {rule}")
-
-    def _validate(self, plan: Plan, view: View) -> None:
-        now, pol = view.now_s, self.policy
-        for sid in plan.reject:
-            if sid not in self.waiting and sid not in self.preempted:
-                self._fail(now, f"reject of request {sid}, which is not waiting")
-        freed = 0
-        for sid in plan.preempt:
-            seq = self.running.get(sid)
-            if seq is None:
-                self._fail(now, f"preempt of request {sid}, which is not running")
-            if sid in plan.run:
-                self._fail(now, f"request {sid} both preempted and scheduled")
-            freed += seq.num_blocks
-        if plan.wake_at_s is not None and not plan.run and plan.wake_at_s <= now:
-            self._fail(now, f"wake_at_s={plan.wake_at_s} is not in the future")
-        if not plan.run:
-            if plan.padding or plan.preempt:
-                self._fail(now, "padding rows or preemptions without any request to run")
-            return
-        if pol.max_num_seqs is not None and len(plan.run) > pol.max_num_seqs:
-            self._fail(now, f"{len(plan.run)} sequences > max_num_seqs={pol.max_num_seqs}")
-        total = 0
-        blocks = 0
-        kv = view.kv
-        for sid, n in plan.run.items():
-            seq = self.running.get(sid) or self.waiting.get(sid) or self.preempted.get(sid)
-            if seq is None or sid in plan.reject:
-                self._fail(now, f"request {sid} is not waiting or running")
-            if not isinstance(n, int) or n < 1 or n > seq.num_uncomputed:
-                self._fail(now, f"request {sid}: {n!r} tokens scheduled, 1..{seq.num_uncomputed}"
-                           " allowed")
-            total += n
-            blocks += kv.blocks_needed(seq.view(), n)
-        if pol.max_num_batched_tokens is not None and total > pol.max_num_batched_tokens:
-            self._fail(now, f"{total} tokens > max_num_batched_tokens="
-                       f"{pol.max_num_batched_tokens}")
-        if blocks > kv.free_blocks + freed:
-            self._fail(now, f"needs {blocks} KV blocks, only {kv.free_blocks + freed} free")
-        for row in plan.padding:
-            if row.num_tokens < 1 or row.context_len < row.num_tokens:
-                self._fail(now, f"invalid padding row {row}")
-
     # -- state changes ------------------------------------------------------------------------
     def _pop_waiting(self, sid: int) -> Seq:
         seq = self.waiting.pop(sid, None)
         return seq if seq is not None else self.preempted.pop(sid)
 
     def _reject(self, seq: Seq, now: float, reason: str) -> None:
-        self.pool.release(seq.num_blocks)
+        self.pool.release(seq)
         seq.reject(now, reason)
 
-    def _preempt(self, seq: Seq) -> None:
-        self.pool.release(seq.num_blocks)
-        seq.preempt()
+    def _preempt(self, seq: Seq, now: float) -> None:
+        """Recompute or swap ``seq`` out; past ``kv.max_preemptions`` reject it instead."""
+        cfg = self.pool.config
+        limit = cfg.max_preemptions
+        if limit is not None and seq.num_preemptions >= limit:
+            seq.num_preemptions += 1
+            n = seq.num_preemptions
+            self._reject(seq, now, f"preempted {n} time{'s' if n > 1 else ''} "
+                         f"(kv.max_preemptions={limit})")
+            return
+        self.pool.release(seq)
+        if cfg.preemption == "swap" and seq.num_computed:
+            self._swap_s += seq.num_computed * cfg.swap_s_per_token
+            self._swap_bytes += seq.num_computed * cfg.kv_bytes_per_token
+            seq.swap_out()
+        else:
+            seq.preempt()
         self.preempted[seq.req.id] = seq
 
-    def _launch(self, plan: Plan, now: float) -> tuple[BatchShape, int, int]:
+    def _launch(self, plan: Plan, now: float) -> tuple[BatchShape, int, int, int]:
         """Move scheduled requests to running, grow their KV and build the batch shape."""
-        cfg = self.pool.config
-        reserve = cfg.reserve_tokens if cfg.allocator == "slab" else 0
-        bs = cfg.block_size
-        new_tokens: list[int] = []
-        context: list[int] = []
-        num_prefill = num_decode = 0
-        for sid, n in plan.run.items():
-            seq = self.running.get(sid)
-            if seq is None:
+        pool, cfg = self.pool, self.pool.config
+        admitted = []
+        for sid in plan.run:
+            if sid not in self.running:
                 seq = self._pop_waiting(sid)
                 self.running[sid] = seq
                 seq.schedule(now)
+                admitted.append(seq)
+        # Cached prefix blocks are held before anything is allocated, so no allocation below
+        # can evict a block a request of this very plan was shown as cached.
+        for seq in admitted:
+            if seq.hit_tokens:
+                pool.pin(seq, seq.hit_tokens // cfg.block_size)
+                seq.take_hit()
+        new_tokens: list[int] = []
+        context: list[int] = []
+        num_prefill = num_decode = recomputed = 0
+        for sid, n in plan.run.items():
+            seq = self.running[sid]
+            if seq.swapped:  # its KV comes back from host memory before the step
+                self._swap_s += seq.num_computed * cfg.swap_s_per_token
+                self._swap_bytes += seq.num_computed * cfg.kv_bytes_per_token
+                seq.swapped = False
+            recomputed += seq.num_recomputed(n)
             target = seq.num_computed + n
-            need = -(-max(target, reserve or 0) // bs) - seq.num_blocks
-            if need > 0:
-                self.pool.allocate(need)
-                seq.num_blocks += need
+            pool.grow(seq, target)
             if seq.num_generated and seq.num_uncomputed == 1:
                 num_decode += 1
             else:
@@ -242,13 +231,14 @@ class Replica:
             new_tokens.append(row.num_tokens)
             context.append(row.context_len)
             pad += row.num_tokens
-        return BatchShape.of(new_tokens, context, pad), num_prefill, num_decode
+        return BatchShape.of(new_tokens, context, pad), num_prefill, num_decode, recomputed
 
-    def _commit(self, plan: Plan, start: float, end: float, step, shape: BatchShape,
-                num_prefill: int, num_decode: int) -> None:
+    def _commit(self, plan: Plan, start: float, end: float, step, shape: BatchShape,  # noqa: ANN001
+                num_prefill: int, num_decode: int, recomputed: int, swap_s: float,
+                swap_bytes: float) -> None:
         """Advance computed tokens, sample, finish, and record the step."""
-        log = self.log
-        held = self.pool.used  # what the step held while it ran, before finishers release
+        log, pool = self.log, self.pool
+        held = pool.used  # what the step held while it ran, before finishers release
         regular = 0
         for sid, n in plan.run.items():
             seq = self.running[sid]
@@ -258,115 +248,49 @@ class Replica:
                     regular += 1
                 else:
                     log.add_irregular_itl(end, itl)
-            if seq.finished:
-                self.pool.release(seq.num_blocks)
-                seq.num_blocks = 0
-                del self.running[sid]
-            elif seq.num_uncomputed == 1 and self._never_grows(seq):
-                del self.running[sid]
-                self._reject(seq, end, "context outgrew the KV cache")
+            if seq.num_computed - n < seq.req.num_prompt_tokens:  # computed prompt tokens
+                pool.register(seq, seq.req.num_prompt_tokens)
+        live, cached = self.live_tokens(), pool.cached
+        for sid in plan.run:
+            self.settle(self.running[sid], end)
         num_waiting = len(self.waiting) + len(self.preempted)
         log.record(self.index, start, end - start, len(plan.run), num_prefill, num_decode,
                    shape.num_padding_tokens, len(plan.padding), num_waiting, held, step,
-                   regular)
+                   regular, kv_live_tokens=live, kv_cached_blocks=cached,
+                   num_recomputed_tokens=recomputed, swap_s=swap_s, swapped_bytes=swap_bytes)
         if self.checks:
-            self._check_invariants()
+            self.check_invariants()
 
-    # -- exact event skipping -----------------------------------------------------------------
-    def _plan_skip(self, plan: Plan, shape: BatchShape, now: float):  # noqa: ANN202
-        """How many more steps a steady decode plan runs unchanged, with their costs.
+    def settle(self, seq: Seq, end: float) -> None:
+        """After a step: release a finished request (its full blocks join its prefix chain),
+        reject one whose next token can never fit."""
+        if seq.finished:
+            self.pool.register(seq, seq.num_computed)
+            self.pool.release(seq)
+            del self.running[seq.req.id]
+        elif seq.num_uncomputed == 1 and self._never_grows(seq):
+            del self.running[seq.req.id]
+            self._reject(seq, end, "context outgrew the KV cache")
 
-        Stops at the first of: a scheduled request finishing, KV growth needing more blocks
-        than are free, the step at whose end the next request has arrived, the horizon.
-        Returns ``(series, ends, computed, held, now)`` or ``None`` when there is nothing to
-        skip.
-        """
-        running = self.running
-        seqs = []
-        for sid in plan.run:
-            seq = running.get(sid)
-            if seq is None or seq.num_uncomputed != 1:
-                return None
-            seqs.append(seq)
-        next_arrival = (self.requests[self._next].arrival_s
-                        if self._next < len(self.requests) else math.inf)
-        if next_arrival <= now:
-            return None
-        k = min(MAX_SKIP_STEPS, min(s.req.num_output_tokens - s.num_generated for s in seqs))
-        computed = np.fromiter((s.num_computed for s in seqs), np.int64, len(seqs))
-        held = np.fromiter((s.num_blocks for s in seqs), np.int64, len(seqs))
-        cfg = self.pool.config
-        if not cfg.unlimited:
-            bs, free = cfg.block_size, self.pool.free
-
-            def need(steps: int) -> int:
-                return int(np.maximum(-(-(computed + steps) // bs) - held, 0).sum())
-
-            if need(k) > free:  # largest k whose growth fits: need() is monotone in k
-                lo, hi = 0, k
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    lo, hi = (mid, hi) if need(mid) <= free else (lo, mid - 1)
-                k = lo
-        if k < 1:
-            return None
-        base = BatchShape(shape.new_tokens, shape.context_lens + 1, shape.num_padding_tokens)
-        series = step_series(self.cost, base, k)
-        ends = np.cumsum(np.concatenate(([now], series.seconds)))[1:]
-        limit = min(next_arrival, self.horizon_s if self.horizon_s is not None else math.inf)
-        if ends[-1] >= limit:
-            k = int(np.searchsorted(ends, limit, side="left")) + 1
-            ends = ends[:k]
-        return series, ends, computed, held, now
-
-    def _commit_skip(self, plan: Plan, series, ends: np.ndarray, computed: np.ndarray,  # noqa: ANN001
-                     held: np.ndarray, start: float) -> None:
-        """Apply ``len(ends)`` identical decode steps at once and log each of them."""
-        k = len(ends)
-        seconds = series.seconds[:k]
-        starts = np.concatenate(([start], ends[:-1]))
-        cfg = self.pool.config
-        steps = np.arange(1, k + 1)
-        grow = np.maximum(-(-(computed[:, None] + steps[None, :]) // cfg.block_size)
-                          - held[:, None], 0)
-        used = self.pool.used + grow.sum(axis=0)  # held by each step while it ran
-        end = float(ends[-1])
-        worst = float(np.diff(np.concatenate(([start], ends))).max())  # gaps as stepping sees
-        n = len(plan.run)
-        for sid in plan.run:
-            seq = self.running[sid]
-            seq.skip(k, end, worst)
-            need = -(-seq.num_computed // cfg.block_size) - seq.num_blocks
-            if need > 0:
-                self.pool.allocate(need)
-                seq.num_blocks += need
-            if seq.finished:
-                self.pool.release(seq.num_blocks)
-                seq.num_blocks = 0
-                del self.running[sid]
-            elif self._never_grows(seq):
-                del self.running[sid]
-                self._reject(seq, end, "context outgrew the KV cache")
-        pad = len(plan.padding)
-        self.log.extend(self.index, starts, seconds, n, n, pad, pad,
-                        len(self.waiting) + len(self.preempted), used, series, n)
-        if self.checks:
-            self._check_invariants()
+    def live_tokens(self) -> int:
+        """Tokens whose KV is stored on the GPU now, shared prefix blocks counted once."""
+        pool = self.pool
+        bs = pool.config.block_size
+        own = sum(s.num_computed - s.num_shared * bs for s in self.running.values())
+        return own + (pool.cache.referenced * bs if pool.cache is not None else 0)
 
     def _never_grows(self, seq: Seq) -> bool:
         cfg = self.pool.config
         return -(-(seq.num_computed + 1) // cfg.block_size) > cfg.num_blocks
 
-    def _check_invariants(self) -> None:
+    def check_invariants(self) -> None:
         """Deep per-step checks (on in tests): KV conservation and per-sequence consistency."""
-        self.pool.check()
-        held = 0
-        for seq in self.running.values():
+        running = list(self.running.values())
+        self.pool.check(running)
+        for seq in running:
             seq.check(self.pool.config.block_size)
-            held += seq.num_blocks
-        if held != self.pool.used:
-            raise AssertionError(f"KV leak: running sequences hold {held} blocks, pool says "
-                                 f"{self.pool.used}")
+            if seq.swapped or seq.hit_tokens:
+                raise AssertionError(f"running request {seq.req.id} has its KV elsewhere")
         for seq in (*self.waiting.values(), *self.preempted.values()):
-            if seq.num_blocks or seq.num_computed:
+            if seq.num_blocks or seq.num_shared or (seq.num_computed and not seq.swapped):
                 raise AssertionError(f"waiting request {seq.req.id} holds KV")

@@ -42,7 +42,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
             cost = build_cost(cfg)
         except ValueError as e:
             where = "cost" if cfg["cost"]["kind"] != "roofline" else "model/hardware"
-            msg = str(e) if str(e).split(":")[0] in ("cost.step_s",) else f"{where}: {e}"
+            msg = str(e) if str(e).startswith("cost.") else f"{where}: {e}"
             raise ConfigError(f"{source}: {msg}") from None
         try:
             resolve_kv(kv_spec(cfg), cost)
@@ -202,4 +202,10 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
         write_outputs(out, base, runs, summary, plots=draw)
     if failed:
         progress.message(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
+    # Runs that failed this time or earlier: their first error line, for the CLI to report.
+    summary.attrs["errors"] = [
+        f"{p.parent.name}: {p.read_text(encoding='utf-8').splitlines()[0]}"
+        for p in sorted((out / "runs").glob("*/error.txt"))
+        if not (p.parent / "summary.json").exists()]
+    summary.attrs["out"] = str(out)
     return summary

@@ -14,14 +14,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.kv_metrics import kv_summary
+
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_seqs", "num_prefill_tokens",
                 "num_decode_tokens", "num_padding_tokens", "num_padding_rows", "num_waiting",
-                "kv_used_blocks", "flops", "bytes", "bound", "num_regular_itl")
+                "kv_used_blocks", "flops", "bytes", "bound", "num_regular_itl",
+                "kv_live_tokens", "kv_cached_blocks", "num_recomputed_tokens", "swap_s",
+                "swapped_bytes")
 
 REQUEST_COLUMNS = ("id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
                    "ttft_s", "tpot_s", "e2e_s", "max_itl_s", "num_preemptions",
                    "num_prompt_tokens", "num_output_tokens", "num_generated", "status",
-                   "reason", "replica")
+                   "reason", "replica", "num_swaps", "num_cached_tokens")
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 STATS = ("mean", "median", "p90", "p99")
@@ -42,9 +46,17 @@ class StepLog:
 
     def record(self, replica: int, start: float, duration: float, num_seqs: int,
                num_prefill: int, num_decode: int, num_padding: int, num_padding_rows: int,
-               num_waiting: int, kv_used: int, step: Any, regular_itl: int) -> None:
-        """Append one step."""
+               num_waiting: int, kv_used: int, step: Any, regular_itl: int, *,
+               kv_live_tokens: int = 0, kv_cached_blocks: int = 0,
+               num_recomputed_tokens: int = 0, swap_s: float = 0.0,
+               swapped_bytes: float = 0.0) -> None:
+        """Append one step (the keyword columns are the KV cache's, see ``sim.kv_metrics``)."""
         c = self.cols
+        c["kv_live_tokens"].append(kv_live_tokens)
+        c["kv_cached_blocks"].append(kv_cached_blocks)
+        c["num_recomputed_tokens"].append(num_recomputed_tokens)
+        c["swap_s"].append(swap_s)
+        c["swapped_bytes"].append(swapped_bytes)
         c["replica"].append(replica)
         c["start_s"].append(start)
         c["duration_s"].append(duration)
@@ -62,9 +74,17 @@ class StepLog:
 
     def extend(self, replica: int, starts: np.ndarray, durations: np.ndarray, num_seqs: int,
                num_decode: int, num_padding: int, num_padding_rows: int, num_waiting: int,
-               kv_used: np.ndarray, series: Any, regular_itl: int) -> None:
-        """Append ``len(starts)`` skipped decode steps in one go."""
+               kv_used: np.ndarray, series: Any, regular_itl: int, *,
+               kv_live_tokens: np.ndarray | None = None,
+               kv_cached_blocks: np.ndarray | None = None) -> None:
+        """Append ``len(starts)`` skipped decode steps in one go (no recompute, no swaps)."""
         c, k = self.cols, len(starts)
+        for name, values in (("kv_live_tokens", kv_live_tokens),
+                             ("kv_cached_blocks", kv_cached_blocks)):
+            c[name].extend([0] * k if values is None else np.asarray(values).tolist())
+        c["num_recomputed_tokens"].extend([0] * k)
+        c["swap_s"].extend([0.0] * k)
+        c["swapped_bytes"].extend([0.0] * k)
         c["replica"].extend([replica] * k)
         c["start_s"].extend(starts.tolist())
         c["duration_s"].extend(durations.tolist())
@@ -92,7 +112,8 @@ def request_table(seqs: list) -> pd.DataFrame:
                                     "finish_s", "max_itl_s")}
     ints = {c: np.empty(n, dtype=np.int64) for c in ("id", "num_preemptions",
                                                      "num_prompt_tokens", "num_output_tokens",
-                                                     "num_generated", "replica")}
+                                                     "num_generated", "replica", "num_swaps",
+                                                     "num_cached_tokens")}
     status, reason = [], []
     for i, s in enumerate(seqs):
         r = s.req
@@ -107,6 +128,8 @@ def request_table(seqs: list) -> pd.DataFrame:
         ints["num_output_tokens"][i] = r.num_output_tokens
         ints["num_generated"][i] = s.num_generated
         ints["replica"][i] = s.replica
+        ints["num_swaps"][i] = s.num_swaps
+        ints["num_cached_tokens"][i] = s.num_cached_tokens
         status.append(s.status)
         reason.append(s.reason)
     df = pd.DataFrame({**ints, **arr, "status": status, "reason": reason})
@@ -161,7 +184,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame,
               peak_flops: float | None, peak_bytes_per_s: float | None,
               slot_capacity: int | None, num_replicas: int, kv_total_blocks: int | None,
               warmup_s: float = 0.0, cooldown_s: float = 0.0,
-              slos: dict[str, float] | None = None) -> dict[str, float]:
+              slos: dict[str, float] | None = None,
+              kv_block_size: int | None = None) -> dict[str, float]:
     """The summary columns of DESIGN section 5.
 
     Requests are counted when they arrive inside [first arrival + ``warmup_s``, last arrival −
@@ -232,6 +256,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame,
                          if kv_total_blocks and len(st) else float("nan"))
     s["mean_kv_usage"] = (float((st["kv_used_blocks"].to_numpy(float) * dur).sum() / busy)
                           / kv_total_blocks if kv_total_blocks and busy > 0 else float("nan"))
+    s.update(kv_summary(win, done, st, kv_total_blocks, kv_block_size))
     s["num_steps"] = int(len(st))
     if slos:
         s.update(slo_attainment(done, len(win), slos, per))

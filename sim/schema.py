@@ -20,6 +20,7 @@ class Key:
     unit: str = ""
     minimum: float | None = None
     exclusive_min: bool = False
+    maximum: float | None = None
     choices: tuple[Any, ...] | None = None
     required: bool = False
 
@@ -34,15 +35,17 @@ SCHEMA: dict[str, Any] = {
     "name": Key(STR, "experiment", "Experiment name, used in titles and the report."),
     "description": Key(STR, "", "Free text shown in the report."),
     "seed": Key(INT, 0, "Seed of every random draw (workload generation, resampling).",
-                minimum=0),
+                minimum=0, maximum=2**63 - 1),
     "model": Key(STR, "llama-3-8b", "Built-in model name or path to a model YAML / HF "
                  "config.json."),
     "hardware": Key(STR, "h100-sxm", "Built-in GPU name or path to a GPU profile YAML."),
     "engine": Key(STR, "vllm", "Engine overhead profile: per-step CPU and launch overheads "
                   "(`ideal` = none)."),
     "parallelism": {
-        "tp": Key(INT, 1, "Tensor-parallel degree (GPUs per replica).", minimum=1),
-        "replicas": Key(INT, 1, "Model replicas; requests are routed round-robin.", minimum=1),
+        "tp": Key(INT, 1, "Tensor-parallel degree (GPUs per replica).", minimum=1,
+                  maximum=64),
+        "replicas": Key(INT, 1, "Model replicas; requests are routed round-robin.", minimum=1,
+                        maximum=4096),
     },
     "cost": {
         "kind": Key(STR, "roofline", "Cost model.", choices=("roofline", "constant", "linear")),
@@ -69,6 +72,21 @@ SCHEMA: dict[str, Any] = {
         "activation_reserve_gb": Key(NUM + (OPT,), None, "HBM kept for activations per GPU; "
                                      "default from the cost model.", "GB", 0),
         "unlimited": Key((bool,), False, "Ignore KV capacity entirely (analytic studies)."),
+        "slab_reserve": Key(STR, "max_model_len", "slab: reserve reserve_tokens per sequence "
+                            "(max_model_len) or its prompt + max_output_tokens.",
+                            choices=("max_model_len", "prompt_plus_max_output")),
+        "max_output_tokens": Key(INT + (OPT,), None, "slab with prompt_plus_max_output: output "
+                                 "tokens reserved per sequence.", "tokens", 1),
+        "preemption": Key(STR, "recompute", "Out of blocks: drop the KV and recompute it, or "
+                          "swap it to host memory over PCIe.", choices=("recompute", "swap")),
+        "swap_gbps": Key(NUM + (OPT,), None, "swap: host link bandwidth of a replica; default "
+                         "gpu.pcie_gbps × tp.", "GB/s", 0, True),
+        "kv_bytes_per_token": Key(NUM + (OPT,), None, "swap: KV bytes per token of a replica; "
+                                  "default from the cost model.", "B", 0, True),
+        "max_preemptions": Key(INT, 64, "Reject a request preempted more often than this "
+                               "(livelock guard).", "", 0),
+        "prefix_caching": Key((bool,), False, "Reuse cached KV blocks of shared prompt prefixes "
+                              "(requests' prefix_id / num_prefix_tokens), evicted LRU."),
     },
     "slos": {
         "ttft_ms": Key(NUM + (OPT,), None, "Per-request TTFT limit for goodput.", "ms", 0, True),
@@ -123,6 +141,8 @@ def json_schema() -> dict[str, Any]:
             out["enum"] = list(node.choices)
         if node.minimum is not None:
             out["exclusiveMinimum" if node.exclusive_min else "minimum"] = node.minimum
+        if node.maximum is not None:
+            out["maximum"] = node.maximum
         return out
 
     doc = conv(SCHEMA)

@@ -24,7 +24,9 @@ from sim.state import Seq
 from sim.types import Request
 
 KV_KEYS = ("num_blocks", "block_size", "allocator", "reserve_tokens",
-           "gpu_memory_utilization", "activation_reserve_gb")
+           "gpu_memory_utilization", "activation_reserve_gb", "slab_reserve",
+           "max_output_tokens", "preemption", "swap_gbps", "kv_bytes_per_token",
+           "max_preemptions", "prefix_caching")
 
 
 @dataclass
@@ -64,9 +66,43 @@ def resolve_kv(kv: Mapping[str, Any] | KVConfig | None, cost: CostModel) -> KVCo
         num_blocks = int(capacity(**extra)) // block_size
         if num_blocks < 1:
             raise ValueError("kv: no memory left for the KV cache after the weights")
+    swap_s_per_token, bytes_per_token = _swap_rate(kv, cost)
     return KVConfig(num_blocks=int(num_blocks), block_size=block_size,
                     allocator=kv.get("allocator", "paged"),
-                    reserve_tokens=kv.get("reserve_tokens"))
+                    reserve_tokens=kv.get("reserve_tokens"),
+                    slab_reserve=kv.get("slab_reserve", "max_model_len"),
+                    max_output_tokens=kv.get("max_output_tokens"),
+                    preemption=kv.get("preemption", "recompute"),
+                    swap_s_per_token=swap_s_per_token, kv_bytes_per_token=bytes_per_token,
+                    max_preemptions=kv.get("max_preemptions", 8),
+                    prefix_caching=bool(kv.get("prefix_caching", False)))
+
+
+def _swap_rate(kv: Mapping[str, Any], cost: CostModel) -> tuple[float | None, float | None]:
+    """Seconds per token and bytes per token of moving a sequence's KV to or from host memory.
+
+    Bytes per token are the replica's (per-GPU KV bytes × TP); the link is each GPU's PCIe, all
+    TP GPUs moving their shard at once (``gpu.pcie_gbps`` × TP). ``kv.swap_gbps`` (the
+    replica's total host bandwidth) and ``kv.kv_bytes_per_token`` override; analytic cost
+    models know neither, so swapping with them needs both.
+    """
+    per_gpu = getattr(cost, "kv_bytes_per_token", None)
+    tp = getattr(cost, "tp", 1)
+    nbytes = kv.get("kv_bytes_per_token")
+    if nbytes is None and per_gpu is not None:
+        nbytes = float(per_gpu) * tp
+    gbps = kv.get("swap_gbps")
+    gpu = getattr(cost, "gpu", None)
+    if gbps is None and gpu is not None:
+        gbps = gpu.pcie_gbps * tp
+    if nbytes is None or gbps is None:
+        if kv.get("preemption", "recompute") == "swap":
+            raise ValueError("kv.swap_gbps: swap preemption with an analytic cost model needs "
+                             "kv.swap_gbps and kv.kv_bytes_per_token")
+        return None, None
+    if gbps <= 0 or nbytes <= 0:
+        raise ValueError("kv.swap_gbps and kv.kv_bytes_per_token must be > 0")
+    return float(nbytes) / (float(gbps) * 1e9), float(nbytes)
 
 
 def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Policy,
@@ -112,6 +148,7 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
         peak_bytes_per_s=getattr(cost, "peak_bytes_per_s", None),
         slot_capacity=policies[0].slot_capacity, num_replicas=num_replicas,
         kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,
-        warmup_s=warmup_s, cooldown_s=cooldown_s, slos=dict(slos) if slos else None)
+        warmup_s=warmup_s, cooldown_s=cooldown_s, slos=dict(slos) if slos else None,
+        kv_block_size=kv_config.block_size)
     summary["seed"] = seed
     return SimResult(table, steps, summary, log.irregular_itl, kv_config)

@@ -4,6 +4,11 @@ The "computed tokens catch up" rule (vLLM v1): a step computes ``n`` of the requ
 ``num_uncomputed`` tokens; when ``num_computed`` reaches prompt + generated, one new token is
 sampled. A prefill's last chunk therefore yields the first token, each decode step one more,
 and a recompute after preemption re-prefills prompt + generated tokens before sampling again.
+
+KV bookkeeping kept here for the metrics: ``max_held`` (the most tokens whose KV the request
+has ever had, computed or found cached) tells recomputed tokens from new ones, and
+``num_cached_tokens`` counts prompt tokens it never computed thanks to the prefix cache. A
+swapped-out request keeps ``num_computed`` (its KV waits in host memory) but holds no blocks.
 """
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ class Seq:
 
     __slots__ = ("req", "num_generated", "num_computed", "num_blocks", "num_preemptions",
                  "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
-                 "max_itl_s", "status", "reason", "replica", "_view")
+                 "max_itl_s", "status", "reason", "replica", "_view", "num_shared",
+                 "hit_tokens", "swapped", "num_swaps", "max_held", "num_cached_tokens")
 
     def __init__(self, req: Request, replica: int = 0) -> None:
         self.req = req
@@ -41,6 +47,12 @@ class Seq:
         self.status = "waiting"
         self.reason = ""
         self._view: SeqView | None = None
+        self.num_shared = 0  # leading blocks held shared from the prefix cache
+        self.hit_tokens = 0  # cached prompt tokens found at the last view, not yet held
+        self.swapped = False
+        self.num_swaps = 0
+        self.max_held = 0
+        self.num_cached_tokens = 0
 
     @property
     def num_uncomputed(self) -> int:
@@ -58,9 +70,30 @@ class Seq:
         if v is None:
             r = self.req
             v = SeqView(r.id, r.arrival_s, r.num_prompt_tokens, self.num_generated,
-                        self.num_computed, self.num_preemptions, self.num_blocks, r.priority)
+                        self.num_computed + self.hit_tokens, self.num_preemptions,
+                        self.num_blocks, r.priority)
             self._view = v
         return v
+
+    def offer_hit(self, num_tokens: int) -> None:
+        """Show a waiting request's cached prompt tokens to the next plan (not held yet)."""
+        if num_tokens != self.hit_tokens:
+            self.hit_tokens = num_tokens
+            self._view = None
+
+    def take_hit(self) -> None:
+        """The offered cached tokens are now held: they count as computed."""
+        n = self.hit_tokens
+        self.num_cached_tokens += max(0, self.num_computed + n - self.max_held)
+        self.num_computed += n
+        self.hit_tokens = 0
+        if self.num_computed > self.max_held:
+            self.max_held = self.num_computed
+        self._view = None
+
+    def num_recomputed(self, n: int) -> int:
+        """Of the next ``n`` tokens to compute, those whose KV the request had held before."""
+        return max(0, min(self.num_computed + n, self.max_held) - self.num_computed)
 
     def schedule(self, now: float) -> None:
         """Mark the request as running (first time: record when it was first scheduled)."""
@@ -77,6 +110,8 @@ class Seq:
         """
         self._view = None
         self.num_computed += n
+        if self.num_computed > self.max_held:
+            self.max_held = self.num_computed
         if self.num_computed < self.req.num_prompt_tokens + self.num_generated:
             return None
         self.num_generated += 1
@@ -102,6 +137,8 @@ class Seq:
         self._view = None
         self.num_computed += k
         self.num_generated += k
+        if self.num_computed > self.max_held:
+            self.max_held = self.num_computed
         self.last_token_s = end
         if worst_itl > self.max_itl_s:
             self.max_itl_s = worst_itl
@@ -117,10 +154,21 @@ class Seq:
         self.status = "waiting"
         self._view = None
 
+    def swap_out(self) -> None:
+        """Move the KV to host memory: computed tokens are kept, GPU blocks are not."""
+        self.num_blocks = 0
+        self.num_preemptions += 1
+        self.num_swaps += 1
+        self.swapped = True
+        self.status = "waiting"
+        self._view = None
+
     def reject(self, now: float, reason: str) -> None:
         """The request will never be served; record why."""
         self.num_blocks = 0
         self.num_computed = 0
+        self.hit_tokens = 0
+        self.swapped = False
         self.status = "rejected"
         self.reason = reason
         self.finish_s = now

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.traces import MAX_TOKENS  # the same bound as trace files
+
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant")
 
 
@@ -75,9 +77,10 @@ def arrival_times(process: str, rate: float, rng: np.random.Generator, *,
 
 def clamp_tokens(values: np.ndarray, min_tokens: int = 1, max_tokens: int | None = None
                  ) -> np.ndarray:
-    """Round to whole tokens and clip to ``[min_tokens, max_tokens]`` as int64."""
-    v = np.rint(np.asarray(values, dtype=np.float64))
-    hi = np.inf if max_tokens is None else max_tokens
+    """Round to whole tokens and clip to ``[min_tokens, max_tokens]`` as int64 (``max_tokens``
+    defaults to ``MAX_TOKENS``, so a heavy-tailed draw cannot become an absurd request)."""
+    v = np.rint(np.nan_to_num(np.asarray(values, dtype=np.float64), nan=1.0, posinf=np.inf))
+    hi = MAX_TOKENS if max_tokens is None else max_tokens
     # Clip in float first so huge draws cannot overflow the int64 cast.
     return np.clip(v, max(1, min_tokens), hi).astype(np.int64)
 

@@ -13,7 +13,7 @@ import csv
 import importlib.resources
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,7 @@ MAX_ARRIVAL_S = 1e9
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 VIDUR_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 NATIVE_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
-NATIVE_OPTIONAL = ("priority", "tenant", "prefix_id")
+NATIVE_OPTIONAL = ("priority", "tenant", "prefix_id", "num_prefix_tokens")
 
 
 class TraceError(ValueError):
@@ -58,6 +58,7 @@ class TraceArrays:
     tenant: np.ndarray | None = None
     prefix_id: np.ndarray | None = None
     source: str = "<memory>"
+    num_prefix_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
@@ -68,13 +69,12 @@ class TraceArrays:
             return None if a is None else a[index]
         return TraceArrays(self.arrival_s[index], self.num_prompt_tokens[index],
                            self.num_output_tokens[index], pick(self.priority),
-                           pick(self.tenant), pick(self.prefix_id), self.source)
+                           pick(self.tenant), pick(self.prefix_id), self.source,
+                           pick(self.num_prefix_tokens))
 
     def with_arrivals(self, arrival_s: np.ndarray) -> TraceArrays:
         """The same rows with new arrival times (used by time slicing and scaling)."""
-        return TraceArrays(np.asarray(arrival_s, dtype=np.float64), self.num_prompt_tokens,
-                           self.num_output_tokens, self.priority, self.tenant, self.prefix_id,
-                           self.source)
+        return replace(self, arrival_s=np.asarray(arrival_s, dtype=np.float64))
 
     def to_requests(self, first_id: int = 0) -> list[Request]:
         """``Request`` objects with ids ``first_id, first_id+1, ...`` in row order."""
@@ -85,7 +85,11 @@ class TraceArrays:
         pri = self.priority.tolist() if self.priority is not None else [0] * n
         ten = self.tenant.tolist() if self.tenant is not None else [None] * n
         pre = self.prefix_id.tolist() if self.prefix_id is not None else [None] * n
-        return [Request(first_id + i, arr[i], prm[i], out[i], pri[i], ten[i], pre[i])
+        if self.num_prefix_tokens is None:
+            return [Request(first_id + i, arr[i], prm[i], out[i], pri[i], ten[i], pre[i])
+                    for i in range(n)]
+        npx = self.num_prefix_tokens.tolist()
+        return [Request(first_id + i, arr[i], prm[i], out[i], pri[i], ten[i], pre[i], npx[i])
                 for i in range(n)]
 
     @staticmethod
@@ -95,6 +99,7 @@ class TraceArrays:
         pri = np.array([r.priority for r in reqs], dtype=np.int64)
         ten = np.array([r.tenant for r in reqs], dtype=object)
         pre = np.array([r.prefix_id for r in reqs], dtype=object)
+        npx = np.array([r.num_prefix_tokens for r in reqs], dtype=np.int64)
         return TraceArrays(
             np.array([r.arrival_s for r in reqs], dtype=np.float64),
             np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64),
@@ -102,6 +107,7 @@ class TraceArrays:
             pri if pri.any() else None,
             ten if any(t is not None for t in ten) else None,
             pre if any(p is not None for p in pre) else None,
+            num_prefix_tokens=npx if npx.any() else None,
         )
 
 
@@ -154,7 +160,11 @@ def load_trace_arrays(name_or_path: str | Path, base_dir: Path | None = None,
     """
     path = resolve_trace(name_or_path, base_dir)
     header = _read_header(path)
-    cols = [c.strip() for c in header.split(",")]
+    # Header cells as the csv module reads them (quotes removed), then trimmed of spaces.
+    try:
+        cols = [c.strip() for c in next(csv.reader([header]))]
+    except csv.Error as exc:
+        raise TraceError(f"{path}: header: cannot parse: {exc}") from None
     if set(AZURE_COLUMNS) <= set(cols):
         usecols, fmt = list(AZURE_COLUMNS), "azure"
     elif set(VIDUR_COLUMNS) <= set(cols):
@@ -194,7 +204,14 @@ def load_trace_arrays(name_or_path: str | Path, base_dir: Path | None = None,
             _parse_priority(path, df["priority"]) if "priority" in df else None,
             _parse_labels(df["tenant"]) if "tenant" in df else None,
             _parse_labels(df["prefix_id"]) if "prefix_id" in df else None,
-            source=str(path))
+            source=str(path),
+            num_prefix_tokens=(_parse_prefix(path, df["num_prefix_tokens"])
+                               if "num_prefix_tokens" in df else None))
+        if trace.num_prefix_tokens is not None:
+            over = np.flatnonzero(trace.num_prefix_tokens > trace.num_prompt_tokens)
+            if over.size:
+                raise TraceError(f"{path}: row {over[0] + 1}: column num_prefix_tokens: "
+                                 "longer than the row's prompt")
     back = np.flatnonzero(np.diff(trace.arrival_s) < 0)
     if back.size and not sort:
         i = int(back[0]) + 1
@@ -220,6 +237,8 @@ def write_native(path: str | Path, requests: Iterable[Request]) -> None:
         data["tenant"] = trace.tenant
     if trace.prefix_id is not None:
         data["prefix_id"] = trace.prefix_id
+    if trace.num_prefix_tokens is not None:
+        data["num_prefix_tokens"] = trace.num_prefix_tokens
     # repr-precision floats so a written trace reloads bit-identically.
     pd.DataFrame(data).to_csv(path, index=False, float_format="%.17g", lineterminator="\n")
 
@@ -234,9 +253,11 @@ def _read_header(path: Path) -> str:
     if not raw.strip():
         raise TraceError(f"{path}: empty file (expected a header line)")
     try:
-        return raw.decode("utf-8-sig").strip()
+        text = raw.decode("utf-8-sig").strip()
     except UnicodeDecodeError:
         raise TraceError(f"{path}: header: not valid UTF-8 text (binary file?)") from None
+    # A file with bare CR line endings reads as one line: keep its first line only.
+    return text.splitlines()[0] if text else text
 
 
 def _read_frame(path: Path, usecols: list[str], fmt: str) -> pd.DataFrame:
@@ -260,7 +281,7 @@ def _read_frame(path: Path, usecols: list[str], fmt: str) -> pd.DataFrame:
     except (ValueError, OSError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TraceError(f"{path}: cannot parse as CSV: {msg}") from None
-    df = df[usecols]
+    df = df.rename(columns=lambda c: c.strip() if isinstance(c, str) else c)[usecols]
     # Blank lines at the very end are harmless; blank lines inside are reported as missing.
     empty = df.isna().all(axis=1).to_numpy()
     keep = len(df)
@@ -350,6 +371,16 @@ def _parse_priority(path: Path, col: pd.Series) -> np.ndarray:
         i = int(np.flatnonzero(bad)[0])
         raise TraceError(f"{path}: row {i + 1}: column priority: must be an integer, got {v[i]:g}")
     return v.astype(np.int64)
+
+
+def _parse_prefix(path: Path, col: pd.Series) -> np.ndarray:
+    """Optional ``num_prefix_tokens``: whole numbers >= 0 (empty cells mean 0)."""
+    values = _numeric(path, col.fillna(0), "num_prefix_tokens")
+    bad = np.flatnonzero((values < 0) | (values != np.round(values)) | (values > MAX_TOKENS))
+    if bad.size:
+        raise TraceError(f"{path}: row {bad[0] + 1}: column num_prefix_tokens: must be a whole "
+                         f"number in [0, {MAX_TOKENS:,}], got {col.iloc[bad[0]]!r}")
+    return values.astype(np.int64)
 
 
 def _parse_labels(col: pd.Series) -> np.ndarray:

@@ -25,6 +25,9 @@ class Request:
     priority: int = 0
     tenant: str | None = None
     prefix_id: str | None = None
+    #: Leading prompt tokens shared with every other request of the same ``prefix_id`` (a
+    #: system prompt, a conversation's history): what prefix caching may reuse.
+    num_prefix_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +65,24 @@ class KVView:
 
     ``reserve_tokens`` is set for slab allocation: a sequence's first allocation reserves blocks
     for that many tokens at once (Orca/FasterTransformer); ``None`` means paged, on demand.
+    ``reserve_output_tokens`` is the other slab rule: reserve the prompt plus that many output
+    tokens per sequence. ``cached_blocks`` (informational) are prefix-cache blocks no sequence
+    holds; they are reclaimed on demand and already counted in ``free_blocks``.
     """
 
     total_blocks: int
     free_blocks: int
     block_size: int
     reserve_tokens: int | None = None
+    reserve_output_tokens: int | None = None
+    cached_blocks: int = 0
 
     def blocks_needed(self, seq: SeqView, num_new_tokens: int) -> int:
         """Extra blocks ``seq`` must be given to hold ``num_new_tokens`` more computed tokens."""
         target = seq.num_computed_tokens + num_new_tokens
-        if self.reserve_tokens is not None:
+        if self.reserve_output_tokens is not None:
+            target = max(target, seq.num_prompt_tokens + self.reserve_output_tokens)
+        elif self.reserve_tokens is not None:
             target = max(target, self.reserve_tokens)
         return max(0, math.ceil(target / self.block_size) - seq.num_blocks)
 
@@ -106,7 +116,8 @@ class Plan:
     """A policy's decision for one step.
 
     ``run`` maps request id to the tokens to compute this step (a prefill chunk, or 1 to decode).
-    ``preempt`` lists running requests whose KV is dropped (recompute) before the step.
+    ``preempt`` lists running requests evicted before the step: their KV is dropped and later
+    recomputed, or swapped to host memory and back (``kv.preemption``).
     ``padding`` are rows the batch pays for without producing tokens.
     ``wake_at_s`` asks to be called again at that time if nothing else happens first (an empty
     ``run`` with ``wake_at_s=None`` means: wait for the next arrival).

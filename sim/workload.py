@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sim import synthetic
-from sim.traces import TraceArrays, TraceError, load_trace_arrays
+from sim.traces import MAX_ARRIVAL_S, MAX_TOKENS, TraceArrays, TraceError, load_trace_arrays
 from sim.types import Request
 
 _COMMON = {"tenant", "priority"}
@@ -37,6 +38,10 @@ _MIX_KEYS = {"mix", "arrival", "num_requests", "duration_s", "max_requests"} | _
 _SOURCE_KEYS = {"fraction", "trace", "prompt_tokens", "output_tokens", "lengths"} | _COMMON
 _DIST_KEYS = {"fixed": {"value"}, "uniform": {"lo", "hi"}, "lognormal": {"mean", "median", "sigma"},
               "exponential": {"mean"}, "empirical": {"trace"}}
+
+
+#: Most requests one workload may hold: bounds memory (a request costs ~0.5 kB in the engine).
+MAX_REQUESTS = 20_000_000
 
 
 class WorkloadError(ValueError):
@@ -53,6 +58,15 @@ def build_workload_arrays(spec: Mapping[str, Any], rng: np.random.Generator,
                           base_dir: Path | None = None, where: str = "workload") -> TraceArrays:
     """Columnar form of ``build_workload`` (sorted by arrival), for large or derived workloads."""
     s = _Spec(spec, where, base_dir)
+    if "conversations" in spec:
+        s.only({"conversations"})
+        from sim.conversations import ConversationError, conversations
+
+        try:
+            arr = TraceArrays.from_requests(conversations(spec["conversations"], rng))
+        except ConversationError as exc:
+            raise WorkloadError(str(exc)) from None
+        return arr.take(np.argsort(arr.arrival_s, kind="stable"))
     if "mix" in spec:
         out = _mix(s, rng)
     elif "trace" in spec:
@@ -84,8 +98,8 @@ class _Spec:
                                     f"{', '.join(sorted(allowed))}")
 
     def num(self, k: str, default: Any = None, *, lo: float | None = None, lo_open: bool = False,
-            integer: bool = False, required: bool = False) -> Any:
-        """A number (int if ``integer``) with an optional lower bound, or ``default``."""
+            integer: bool = False, required: bool = False, hi: float | None = None) -> Any:
+        """A number (int if ``integer``) within optional bounds, or ``default``."""
         v = self.d.get(k)
         if v is None:
             if required:
@@ -100,7 +114,14 @@ class _Spec:
         if lo is not None and (v <= lo if lo_open else v < lo):
             raise WorkloadError(f"{self.key(k)}: must be {'>' if lo_open else '>='} {lo:g}, "
                                 f"got {v!r}")
+        if hi is not None and v > hi:
+            raise WorkloadError(f"{self.key(k)}: must be <= {hi:g}, got {v!r}")
         return int(v) if integer else float(v)
+
+    def tokens(self, k: str, default: Any = None, *, lo: int = 1, required: bool = False
+               ) -> Any:
+        """A token count in ``[lo, MAX_TOKENS]``."""
+        return self.num(k, default, lo=lo, integer=True, required=required, hi=MAX_TOKENS)
 
     def text(self, k: str, default: str | None = None) -> str | None:
         """A string value, or ``default``."""
@@ -152,12 +173,15 @@ def _trace(s: _Spec) -> TraceArrays:
         scale = ((len(tr) - 1) / span) / rate  # mean rate = (n-1)/span, i.e. 1/mean gap
     if scale is not None:
         tr = tr.with_arrivals(tr.arrival_s * scale)
-    return TraceArrays(tr.arrival_s,
-                       _cap(tr.num_prompt_tokens, s.num("max_prompt_tokens", None, lo=1,
-                                                        integer=True)),
-                       _cap(tr.num_output_tokens, s.num("max_output_tokens", None, lo=1,
-                                                        integer=True)),
-                       tr.priority, tr.tenant, tr.prefix_id, tr.source)
+        if tr.arrival_s[-1] > MAX_ARRIVAL_S:
+            raise WorkloadError(f"{s.key('rate' if rate is not None else 'time_scale')}: "
+                                f"arrivals reach {tr.arrival_s[-1]:.3g} s, beyond "
+                                f"{MAX_ARRIVAL_S:.0e} s")
+    prompt = _cap(tr.num_prompt_tokens, s.tokens("max_prompt_tokens"))
+    prefix = tr.num_prefix_tokens
+    return replace(tr, num_prompt_tokens=prompt,
+                   num_output_tokens=_cap(tr.num_output_tokens, s.tokens("max_output_tokens")),
+                   num_prefix_tokens=None if prefix is None else np.minimum(prefix, prompt))
 
 
 def _cap(v: np.ndarray, hi: int | None) -> np.ndarray:
@@ -176,13 +200,19 @@ def _arrivals(s: _Spec, rng: np.random.Generator) -> np.ndarray:
     cv = a.num("cv", 1.0, lo=0, lo_open=True)
     if "cv" in a.d and proc != "gamma":
         raise WorkloadError(f"{a.key('cv')}: only for process: gamma")
-    n = s.num("num_requests", None, lo=1, integer=True)
-    dur = s.num("duration_s", None, lo=0, lo_open=True)
+    n = s.num("num_requests", None, lo=1, integer=True, hi=MAX_REQUESTS)
+    dur = s.num("duration_s", None, lo=0, lo_open=True, hi=MAX_ARRIVAL_S)
     if n is None and dur is None:
         raise WorkloadError(f"{s.key('num_requests')}: give num_requests and/or duration_s")
+    if n is None and rate * dur > MAX_REQUESTS:
+        raise WorkloadError(f"{s.key('duration_s')}: rate x duration_s = {rate * dur:.3g} "
+                            f"requests, more than {MAX_REQUESTS:,}; give num_requests")
     t = synthetic.arrival_times(proc, rate, rng, num_requests=n, duration_s=dur, cv=cv)
     if t.size == 0:
         raise WorkloadError(f"{s.key('duration_s')}: too short for any arrival")
+    if t[-1] > MAX_ARRIVAL_S:
+        raise WorkloadError(f"{a.key('rate')}: arrivals reach {t[-1]:.3g} s, beyond "
+                            f"{MAX_ARRIVAL_S:.0e} s where float time loses step precision")
     return t
 
 
@@ -199,8 +229,8 @@ def _lengths(s: _Spec, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np
             raise WorkloadError(f"{j.key('dist')}: joint lengths support only 'empirical'")
         tr = j.load("trace", lengths_only=True)
         p, o = synthetic.empirical_pairs(tr.num_prompt_tokens, tr.num_output_tokens, n, r1)
-        return (synthetic.clamp_tokens(p, 1, j.num("max_prompt_tokens", None, lo=1, integer=True)),
-                synthetic.clamp_tokens(o, 1, j.num("max_output_tokens", None, lo=1, integer=True)))
+        return (synthetic.clamp_tokens(p, 1, j.tokens("max_prompt_tokens")),
+                synthetic.clamp_tokens(o, 1, j.tokens("max_output_tokens")))
     for k in ("prompt_tokens", "output_tokens"):
         if k not in s.d:
             raise WorkloadError(f"{s.key(k)}: required (or give a joint 'lengths')")
@@ -214,13 +244,13 @@ def _dist(d: _Spec, n: int, rng: np.random.Generator, column: int) -> np.ndarray
         raise WorkloadError(f"{d.key('dist')}: must be one of {', '.join(_DIST_KEYS)}, "
                             f"got {kind!r}")
     d.only(_DIST_KEYS[kind] | {"dist", "min", "max"})
-    lo = d.num("min", 1, lo=1, integer=True)
-    hi = d.num("max", None, lo=lo, integer=True)
+    lo = d.tokens("min", 1)
+    hi = d.tokens("max", None, lo=lo)
     if kind == "fixed":
-        v = synthetic.fixed(d.num("value", lo=1, integer=True, required=True), n)
+        v = synthetic.fixed(d.tokens("value", required=True), n)
     elif kind == "uniform":
-        a = d.num("lo", lo=1, integer=True, required=True)
-        b = d.num("hi", lo=a, integer=True, required=True)
+        a = d.tokens("lo", required=True)
+        b = d.tokens("hi", lo=a, required=True)
         v = synthetic.uniform(a, b, n, rng)
     elif kind == "lognormal":
         mean, med = d.num("mean", lo=0, lo_open=True), d.num("median", lo=0, lo_open=True)
@@ -309,7 +339,8 @@ def _concat(parts: list[TraceArrays]) -> TraceArrays:
                          np.concatenate([p.num_prompt_tokens for p in parts]),
                          np.concatenate([p.num_output_tokens for p in parts]),
                          col("priority", 0, np.int64), col("tenant", None, object),
-                         col("prefix_id", None, object), "mix")
+                         col("prefix_id", None, object), "mix",
+                         col("num_prefix_tokens", 0, np.int64))
     return merged.take(np.argsort(merged.arrival_s, kind="stable"))
 
 
@@ -326,8 +357,7 @@ def _stamp(s: _Spec, tr: TraceArrays) -> TraceArrays:
         ten[np.equal(ten, None)] = tenant
     if prio is not None and pri is None:
         pri = np.full(len(tr), prio, np.int64)
-    return TraceArrays(tr.arrival_s, tr.num_prompt_tokens, tr.num_output_tokens, pri, ten,
-                       tr.prefix_id, tr.source)
+    return replace(tr, priority=pri, tenant=ten)
 
 
 def trace_stats(requests: Sequence[Request] | TraceArrays) -> dict[str, float]:

@@ -112,7 +112,7 @@ BAD_CONFIGS = [
     (TINY.replace("[10, 40]", "10"), "sweep.workload.arrival.rate"),
     (TINY.replace("workload.arrival.rate", "workload.arival.rate"), "workload"),
     (TINY.replace("dist: uniform, lo: 10", "dist: unicorn, lo: 10"), "workload.prompt_tokens"),
-    (TINY + "model: llama-9-1t\ncost: {kind: roofline}\n", "llama-9-1t"),
+    (TINY.replace("cost: {kind: constant, step_s: 0.01}", "model: llama-9-1t"), "llama-9-1t"),
     (TINY.replace("cost: {kind: constant, step_s: 0.01}", "hardware: tpu-v9"), "tpu-v9"),
     ("- just\n- a list\n", "mapping"),
     ("name: [unclosed\n", "invalid YAML"),

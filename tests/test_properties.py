@@ -17,6 +17,7 @@ it; its parameters are drawn when their names are known (below), else left at de
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -149,13 +150,41 @@ def test_unlimited_kv_and_no_token_limit_finish_everything_exactly(name, data):
     assert computed == sum(r.num_prompt_tokens + r.num_output_tokens - 1 for r in reqs)
 
 
+# Every allocator, preemption mode and prefix caching, for the skipping check.
+skip_kv_configs = kv_configs | st.fixed_dictionaries({
+    "num_blocks": st.integers(2, 40),
+    "block_size": st.sampled_from([1, 2, 4, 16]),
+    "allocator": st.sampled_from(["paged", "slab"]),
+    "slab_reserve": st.just("prompt_plus_max_output"),
+    "max_output_tokens": st.integers(1, 24),
+    "preemption": st.sampled_from(["recompute", "swap"]),
+    "swap_gbps": st.floats(0.5, 50.0),
+    "kv_bytes_per_token": st.sampled_from([1e5, 1e7]),
+    "max_preemptions": st.sampled_from([None, 0, 3]),
+    "prefix_caching": st.booleans(),
+})
+
+
+@st.composite
+def shared_prefixes(draw, reqs):
+    """Give some requests a shared prefix (for prefix caching), chosen by hypothesis."""
+    out = []
+    for r in reqs:
+        pid = draw(st.sampled_from([None, "a", "b"]))
+        shared = draw(st.integers(0, r.num_prompt_tokens)) if pid else 0
+        out.append(dataclasses.replace(r, prefix_id=pid, num_prefix_tokens=shared))
+    return out
+
+
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_event_skipping_changes_nothing(name, data):
     spec = data.draw(policy_specs(name), label="policy")
     reqs = data.draw(traces(max_requests=8), label="requests")
-    kv = data.draw(kv_configs, label="kv")
+    kv = data.draw(skip_kv_configs, label="kv")
+    if kv and kv.get("prefix_caching"):
+        reqs = data.draw(shared_prefixes(reqs), label="prefixes")
     cost = data.draw(costs, label="cost")
     fast = sim.simulate(reqs, policy=make_policy(spec), cost=cost, kv=kv, checks=True)
     slow = sim.simulate(reqs, policy=NoSkip(make_policy(spec)), cost=cost, kv=kv, checks=True)
