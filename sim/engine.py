@@ -17,6 +17,7 @@ rejected, so no request can be preempted forever.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import simpy
@@ -39,7 +40,8 @@ class Replica:
     def __init__(self, index: int, requests: Sequence[Request], policy: Policy,
                  cost: CostModel, kv: KVConfig, log: StepLog, seqs: dict[int, Seq],
                  checks: bool = False, horizon_s: float | None = None,
-                 skip: bool = True) -> None:
+                 skip: bool = True, deadline: float | None = None,
+                 max_model_len: int | None = None) -> None:
         self.index = index
         self.requests = requests
         self.policy = policy
@@ -49,6 +51,8 @@ class Replica:
         self.seqs = seqs
         self.checks = checks
         self.horizon_s = horizon_s
+        self.deadline = deadline  # time.perf_counter() value past which the replica stops
+        self.max_model_len = max_model_len
         self.skip = skip
         self.waiting: dict[int, Seq] = {}
         self.preempted: dict[int, Seq] = {}  # listed before ``waiting``, newest first
@@ -73,6 +77,8 @@ class Replica:
             now = self.clock
             if self.horizon_s is not None and now >= self.horizon_s:
                 return
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                return  # wall-clock budget spent: the run ends here, marked partial
             self._take_arrivals(now)
             if not (self.waiting or self.preempted or self.running):
                 if self.next_index >= len(reqs):
@@ -127,6 +133,10 @@ class Replica:
         """Why a request can never be served by this replica's KV cache ('' if it can)."""
         cfg = self.pool.config
         prompt = seq.req.num_prompt_tokens
+        limit = self.max_model_len
+        if limit is not None and prompt + seq.req.num_output_tokens > limit:
+            return (f"prompt + output = {prompt + seq.req.num_output_tokens} tokens exceed "
+                    f"max_model_len={limit}")
         reserve = cfg.reserve_for(prompt)
         if cfg.allocator == "slab" and prompt + 1 > reserve:
             return (f"prompt of {prompt} tokens exceeds the slab reservation of {reserve} "

@@ -206,6 +206,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame,
         win, t0 = requests, 0.0
     done = win[win["status"] == "finished"]
     end = float(done["finish_s"].max()) if len(done) else t0
+    if len(steps) and win["status"].isin(["waiting", "running"]).any():
+        # Cut short (horizon or wall-clock budget): the run lasted until its last step ended,
+        # and that busy time must sit inside the duration.
+        last = steps["start_s"].to_numpy(float) + steps["duration_s"].to_numpy(float)
+        end = max(end, float(last.max()))
     duration = max(end - (float(win["arrival_s"].min()) if len(win) else 0.0), 0.0)
     st = steps[(steps["start_s"] >= t0) & (steps["start_s"] <= end)] if len(steps) else steps
     out_tokens = float(done["num_output_tokens"].sum())

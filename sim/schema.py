@@ -100,6 +100,11 @@ SCHEMA: dict[str, Any] = {
     "limits": {
         "horizon_s": Key(NUM + (OPT,), None, "Stop simulated time here (partial results are "
                          "marked).", "s", 0, True),
+        "wall_clock_s": Key(NUM + (OPT,), None, "Stop a run after this much real time "
+                            "(partial results are marked).", "s", 0, True),
+        "max_model_len": Key(INT + (OPT,), None, "Longest prompt + output a request may "
+                             "reach; default the model's max_position_embeddings (vLLM's "
+                             "rule); longer requests are rejected at arrival.", "tokens", 1),
     },
     "sweep": Key(MAP, None, "dotted.key: [values] — Cartesian product of runs."),
     "zip": Key(MAP, None, "dotted.key: [values] — lists of equal length varied together."),

@@ -7,6 +7,7 @@ fixed before the run), starts one SimPy process per replica and turns the final 
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +110,9 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
              cost: CostModel, kv: Mapping[str, Any] | KVConfig | None = None, seed: int = 0,
              *, num_replicas: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0,
              slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
-             checks: bool = False, event_skipping: bool = True) -> SimResult:
+             checks: bool = False, event_skipping: bool = True,
+             wall_clock_s: float | None = None,
+             max_model_len: int | None | str = "model") -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
 
     ``policy`` is a registry spec such as ``{"name": "continuous", "max_num_seqs": 64}``;
@@ -117,7 +120,10 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     and reserved for stochastic policies (the engine itself draws nothing at random).
     ``checks`` turns on deep per-step invariant checks (used by the tests).
     ``event_skipping`` lets steady decode stretches advance in one event (exact; off for
-    comparison and debugging).
+    comparison and debugging). ``horizon_s`` (simulated) and ``wall_clock_s`` (real seconds)
+    end a run early; its summary then says ``partial: True``. ``max_model_len`` rejects
+    requests whose prompt + output exceed it (vLLM's context limit); ``"model"`` takes the cost
+    model's ``model.max_position_embeddings`` when it has one, ``None`` means no limit.
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
@@ -126,6 +132,9 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     if len(ids) != len(reqs):
         raise ValueError("request ids must be unique")
     kv_config = resolve_kv(kv, cost)
+    if max_model_len == "model":
+        max_model_len = getattr(getattr(cost, "model", None), "max_position_embeddings", None)
+    deadline = time.perf_counter() + wall_clock_s if wall_clock_s is not None else None
     seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
     log = StepLog()
     env = simpy.Environment()
@@ -135,7 +144,8 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     for k in range(num_replicas):
         mine = reqs[k::num_replicas]
         rep = Replica(k, mine, policies[k], cost, kv_config, log, seqs, checks=checks,
-                      horizon_s=horizon_s, skip=event_skipping)
+                      horizon_s=horizon_s, skip=event_skipping, deadline=deadline,
+                      max_model_len=max_model_len)
         env.process(rep.process(env))
     env.run()
     steps = log.table()
@@ -151,4 +161,5 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
         warmup_s=warmup_s, cooldown_s=cooldown_s, slos=dict(slos) if slos else None,
         kv_block_size=kv_config.block_size)
     summary["seed"] = seed
+    summary["partial"] = bool(summary["num_unfinished"] > 0)
     return SimResult(table, steps, summary, log.irregular_itl, kv_config)

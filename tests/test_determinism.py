@@ -253,9 +253,6 @@ def test_horizon_beyond_the_last_finish_changes_nothing(tmp_path):
     pd.testing.assert_frame_equal(steps, full_steps, check_exact=True)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a run stopped by limits.horizon_s is not marked "
-                   "partial: summary.json/summary.csv only count num_unfinished (proposed: a "
-                   "boolean 'partial' column, true exactly when the run was cut short)")
 def test_partial_results_are_marked_as_such(tmp_path):
     summary, _, _ = horizon_run(tmp_path / "cut")
     assert summary["partial"] is True
@@ -266,17 +263,11 @@ def test_partial_results_are_marked_as_such(tmp_path):
     assert whole["partial"] is False
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: under a horizon, 'duration' ends at the last "
-                   "finish while steps of unfinished requests still count as busy time, so "
-                   "busy_fraction exceeds 1 (here 1.11)")
 def test_metrics_of_a_partial_run_stay_in_range(tmp_path):
     summary, _, _ = horizon_run(tmp_path)
     assert 0 <= summary["busy_fraction"] <= 1
 
 
-@pytest.mark.xfail(strict=True, reason="MISSING: a wall-clock budget (proposed key "
-                   "limits.wall_clock_s) that ends a long run cleanly with partial results "
-                   "marked; today the key is refused as unknown")
 def test_wall_clock_budget_ends_a_long_run_cleanly(tmp_path):
     long_run = HORIZON.replace("num_requests: 10", "num_requests: 200000").replace(
         "limits: {horizon_s: 0.1}", "limits: {wall_clock_s: 0.5}")

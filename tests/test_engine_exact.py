@@ -393,3 +393,20 @@ def test_itl_statistics_of_a_run_equal_numpy_on_every_token_gap():
     assert res.summary["mean_itl_ms"] == pytest.approx(np.mean(gaps) * 1e3)
     for stat, q in (("median", 50), ("p90", 90), ("p99", 99)):
         assert res.summary[f"{stat}_itl_ms"] == pytest.approx(np.percentile(gaps, q) * 1e3)
+
+
+def test_requests_beyond_the_models_context_are_rejected_at_arrival():
+    # Llama-3-70B's max_position_embeddings is 8192 (its HF config): a 20,000-token prompt,
+    # or 8,000 prompt + 500 output tokens, can never be served whole (vLLM refuses them too).
+    cost = sim.build_cost_model(model="llama-3-70b", hardware="h100-sxm", tp=4)
+    reqs = [sim.Request(0, 0.0, 20_000, 10), sim.Request(1, 0.0, 8_000, 500),
+            sim.Request(2, 0.0, 8_000, 192)]
+    res = sim.simulate(reqs, policy={"name": "continuous", "max_num_batched_tokens": 32768},
+                       cost=cost, kv={"block_size": 16})
+    status = dict(zip(res.requests["id"], res.requests["status"], strict=True))
+    assert status == {0: "rejected", 1: "rejected", 2: "finished"}
+    assert "max_model_len=8192" in res.requests.loc[1, "reason"]
+    # An explicit limit overrides the model's; None lifts it.
+    lifted = sim.simulate(reqs[1:2], policy={"name": "continuous"}, cost=cost,
+                          kv={"block_size": 16}, max_model_len=None)
+    assert lifted.requests.loc[0, "status"] == "finished"
