@@ -134,19 +134,23 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     kv_config = resolve_kv(kv, cost)
     if max_model_len == "model":
         max_model_len = getattr(getattr(cost, "model", None), "max_position_embeddings", None)
-    deadline = time.perf_counter() + wall_clock_s if wall_clock_s is not None else None
     seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
     log = StepLog()
     env = simpy.Environment()
     # Policies keep per-replica state (a static batch in flight): one instance per replica.
     policies = [make_policy(policy if k == 0 or not isinstance(policy, Policy)
                             else copy.deepcopy(policy)) for k in range(num_replicas)]
+    replicas: list[Replica] = []
     for k in range(num_replicas):
         mine = reqs[k::num_replicas]
         rep = Replica(k, mine, policies[k], cost, kv_config, log, seqs, checks=checks,
-                      horizon_s=horizon_s, skip=event_skipping, deadline=deadline,
-                      max_model_len=max_model_len)
+                      horizon_s=horizon_s, skip=event_skipping, max_model_len=max_model_len)
+        replicas.append(rep)
         env.process(rep.process(env))
+    if wall_clock_s is not None:  # the budget covers the event loop, not the setup above
+        deadline = time.perf_counter() + wall_clock_s
+        for rep in replicas:
+            rep.deadline = deadline
     env.run()
     steps = log.table()
     if num_replicas > 1 and len(steps):
