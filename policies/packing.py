@@ -47,13 +47,18 @@ def grow_running(running: Sequence[SeqView], kv: KVView, budget: Budget
     active = list(running)
     preempt: list[int] = []
     need = [kv.blocks_needed(s, s.num_uncomputed) for s in active]
-    while active and sum(need) > budget.free_blocks:
-        victim = active.pop()
-        need.pop()
-        preempt.append(victim.id)
-        budget.free_blocks += victim.num_blocks
-    for seq, blocks in zip(active, need, strict=True):
-        budget.take(seq, seq.num_uncomputed, blocks)
+    if sum(need) > budget.free_blocks:
+        while active and sum(need) > budget.free_blocks:
+            victim = active.pop()
+            need.pop()
+            preempt.append(victim.id)
+            budget.free_blocks += victim.num_blocks
+    run = budget.run
+    for seq in active:  # ``budget.take(seq, seq.num_uncomputed, blocks)`` for each, batched
+        run[seq.id] = seq.num_uncomputed
+    budget.seqs -= len(active)
+    budget.tokens -= sum(run[s.id] for s in active)
+    budget.free_blocks -= sum(need)
     return tuple(preempt)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from operator import attrgetter
 
 import simpy
 
@@ -32,6 +33,8 @@ from sim.types import BatchShape, Plan, Request, View
 from sim.validate import EngineError, validate_plan
 
 __all__ = ["MAX_SKIP_STEPS", "EngineError", "Replica"]
+
+_COMPUTED = attrgetter("num_computed")
 
 
 class Replica:
@@ -221,16 +224,26 @@ class Replica:
         new_tokens: list[int] = []
         context: list[int] = []
         num_prefill = num_decode = recomputed = 0
+        running, bs = self.running, cfg.block_size
+        paged = cfg.allocator != "slab"  # no reservation: grow inline, as ``pool.grow`` would
         for sid, n in plan.run.items():
-            seq = self.running[sid]
+            seq = running[sid]
             if seq.swapped:  # its KV comes back from host memory before the step
                 self._swap_s += seq.num_computed * cfg.swap_s_per_token
                 self._swap_bytes += seq.num_computed * cfg.kv_bytes_per_token
                 seq.swapped = False
-            recomputed += seq.num_recomputed(n)
-            target = seq.num_computed + n
-            pool.grow(seq, target)
-            if seq.num_generated and seq.num_uncomputed == 1:
+            computed = seq.num_computed
+            target = computed + n
+            if seq.max_held > computed:  # ``seq.num_recomputed(n)``, inlined
+                recomputed += min(target, seq.max_held) - computed
+            if paged:
+                need = -(-target // bs) - seq.num_blocks
+                if need > 0:
+                    pool.take_for(seq, need)
+            else:
+                pool.grow(seq, target)
+            generated = seq.num_generated
+            if generated and seq.req.num_prompt_tokens + generated - computed == 1:
                 num_decode += 1
             else:
                 num_prefill += n
@@ -250,19 +263,23 @@ class Replica:
         log, pool = self.log, self.pool
         held = pool.used  # what the step held while it ran, before finishers release
         regular = 0
+        running = self.running
+        add_irregular = log.add_irregular_itl
+        cache = pool.cache
         for sid, n in plan.run.items():
-            seq = self.running[sid]
+            seq = running[sid]
             itl = seq.advance(n, start, end)
             if itl is not None:
                 if itl < 0:
                     regular += 1
                 else:
-                    log.add_irregular_itl(end, itl)
-            if seq.num_computed - n < seq.req.num_prompt_tokens:  # computed prompt tokens
-                pool.register(seq, seq.req.num_prompt_tokens)
+                    add_irregular(end, itl)
+            if cache is not None and seq.num_computed - n < seq.req.num_prompt_tokens:
+                pool.register(seq, seq.req.num_prompt_tokens)  # computed prompt tokens
         live, cached = self.live_tokens(), pool.cached
+        settle = self.settle
         for sid in plan.run:
-            self.settle(self.running[sid], end)
+            settle(running[sid], end)
         num_waiting = len(self.waiting) + len(self.preempted)
         log.record(self.index, start, end - start, len(plan.run), num_prefill, num_decode,
                    shape.num_padding_tokens, len(plan.padding), num_waiting, held, step,
@@ -274,20 +291,23 @@ class Replica:
     def settle(self, seq: Seq, end: float) -> None:
         """After a step: release a finished request (its full blocks join its prefix chain),
         reject one whose next token can never fit."""
-        if seq.finished:
+        if seq.status == "finished":
             self.pool.register(seq, seq.num_computed)
             self.pool.release(seq)
             del self.running[seq.req.id]
-        elif seq.num_uncomputed == 1 and self._never_grows(seq):
+        elif (seq.num_computed >= self.pool.config.capacity_tokens
+              and seq.num_uncomputed == 1 and self._never_grows(seq)):
             del self.running[seq.req.id]
             self._reject(seq, end, "context outgrew the KV cache")
 
     def live_tokens(self) -> int:
         """Tokens whose KV is stored on the GPU now, shared prefix blocks counted once."""
         pool = self.pool
+        if pool.cache is None:  # nothing shared
+            return sum(map(_COMPUTED, self.running.values()))
         bs = pool.config.block_size
         own = sum(s.num_computed - s.num_shared * bs for s in self.running.values())
-        return own + (pool.cache.referenced * bs if pool.cache is not None else 0)
+        return own + pool.cache.referenced * bs
 
     def _never_grows(self, seq: Seq) -> bool:
         cfg = self.pool.config

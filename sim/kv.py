@@ -131,6 +131,12 @@ class BlockPool:
             seq.num_blocks += need
             self.charged += need
 
+    def take_for(self, seq: Seq, need: int) -> None:
+        """Give ``seq`` ``need`` more blocks (``grow`` once the target is known; ``need > 0``)."""
+        self._take(need)
+        seq.num_blocks += need
+        self.charged += need
+
     def _take(self, num_blocks: int) -> None:
         if num_blocks > self.free and self.cache is not None:
             self.free += self.cache.evict(num_blocks - self.free)

@@ -8,6 +8,7 @@ irregular gaps (after a stall or a preemption) are stored individually.
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +32,33 @@ LATENCIES = ("ttft", "tpot", "itl", "e2el")
 STATS = ("mean", "median", "p90", "p99")
 
 
+#: Step columns stored as C doubles; every other column but ``bound`` is a C int64.
+FLOAT_COLUMNS = frozenset({"start_s", "duration_s", "flops", "bytes", "swap_s", "swapped_bytes"})
+
+
+def _new_columns() -> dict[str, Any]:
+    return {c: [] if c == "bound" else array("d" if c in FLOAT_COLUMNS else "q")
+            for c in STEP_COLUMNS}
+
+
+def _put(col: array, values: Any, k: int) -> None:
+    """Append ``k`` values (a scalar repeated, or an array) to a typed column without boxing."""
+    if isinstance(values, np.ndarray):
+        dtype = np.float64 if col.typecode == "d" else np.int64
+        col.frombytes(np.ascontiguousarray(values[:k], dtype=dtype).tobytes())
+    else:
+        col.extend(array(col.typecode, (values,)) * k)
+
+
 @dataclass
 class StepLog:
-    """Column lists of per-step records plus the irregular inter-token gaps."""
+    """Typed column arrays of per-step records plus the irregular inter-token gaps.
 
-    cols: dict[str, list] = field(default_factory=lambda: {c: [] for c in STEP_COLUMNS})
+    Columns are ``array.array`` (8 bytes a value, not a boxed Python number: a 5M-step run
+    stays well under a gigabyte); ``table()`` views them as numpy without copying twice.
+    """
+
+    cols: dict[str, Any] = field(default_factory=_new_columns)
     irregular_itl: list[float] = field(default_factory=list)
     irregular_itl_at: list[float] = field(default_factory=list)
 
@@ -79,30 +102,31 @@ class StepLog:
                kv_cached_blocks: np.ndarray | None = None) -> None:
         """Append ``len(starts)`` skipped decode steps in one go (no recompute, no swaps)."""
         c, k = self.cols, len(starts)
-        for name, values in (("kv_live_tokens", kv_live_tokens),
-                             ("kv_cached_blocks", kv_cached_blocks)):
-            c[name].extend([0] * k if values is None else np.asarray(values).tolist())
-        c["num_recomputed_tokens"].extend([0] * k)
-        c["swap_s"].extend([0.0] * k)
-        c["swapped_bytes"].extend([0.0] * k)
-        c["replica"].extend([replica] * k)
-        c["start_s"].extend(starts.tolist())
-        c["duration_s"].extend(durations.tolist())
-        c["num_seqs"].extend([num_seqs] * k)
-        c["num_prefill_tokens"].extend([0] * k)
-        c["num_decode_tokens"].extend([num_decode] * k)
-        c["num_padding_tokens"].extend([num_padding] * k)
-        c["num_padding_rows"].extend([num_padding_rows] * k)
-        c["num_waiting"].extend([num_waiting] * k)
-        c["kv_used_blocks"].extend(np.asarray(kv_used).tolist())
-        c["flops"].extend(series.flops[:k].tolist())
-        c["bytes"].extend(series.bytes[:k].tolist())
+        for name, value in (
+                ("kv_live_tokens", 0 if kv_live_tokens is None else kv_live_tokens),
+                ("kv_cached_blocks", 0 if kv_cached_blocks is None else kv_cached_blocks),
+                ("num_recomputed_tokens", 0), ("swap_s", 0.0), ("swapped_bytes", 0.0),
+                ("replica", replica), ("start_s", starts), ("duration_s", durations),
+                ("num_seqs", num_seqs), ("num_prefill_tokens", 0),
+                ("num_decode_tokens", num_decode), ("num_padding_tokens", num_padding),
+                ("num_padding_rows", num_padding_rows), ("num_waiting", num_waiting),
+                ("kv_used_blocks", kv_used), ("flops", series.flops),
+                ("bytes", series.bytes), ("num_regular_itl", regular_itl)):
+            _put(c[name], value, k)
         c["bound"].extend(series.bound[:k])
-        c["num_regular_itl"].extend([regular_itl] * k)
+
+    def __len__(self) -> int:
+        return len(self.cols["bound"])
 
     def table(self) -> pd.DataFrame:
         """The per-iteration table."""
-        return pd.DataFrame(self.cols, columns=list(STEP_COLUMNS))
+        c = self.cols
+        if not len(self):  # keep the dtypes an empty table always had
+            return pd.DataFrame({k: [] for k in STEP_COLUMNS}, columns=list(STEP_COLUMNS))
+        data = {k: (v if k == "bound" else
+                    np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64))
+                for k, v in c.items()}
+        return pd.DataFrame(data, columns=list(STEP_COLUMNS))
 
 
 def request_table(seqs: list) -> pd.DataFrame:

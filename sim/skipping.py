@@ -36,7 +36,7 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float) -> tuple 
     seqs = []
     for sid in plan.run:
         seq = running.get(sid)
-        if seq is None or seq.num_uncomputed != 1:
+        if seq is None or seq.req.num_prompt_tokens + seq.num_generated - seq.num_computed != 1:
             return None
         seqs.append(seq)
     reqs = rep.requests
@@ -89,12 +89,21 @@ def commit_skip(rep: Replica, plan: Plan, series: Any, ends: np.ndarray, compute
     live = rep.live_tokens() + n * steps
     end = float(ends[-1])
     worst = float(np.diff(np.concatenate(([start], ends))).max())  # gaps as stepping sees
-    for sid in plan.run:
-        seq = rep.running[sid]
-        seq.skip(k, end, worst)
-        pool.grow(seq, seq.num_computed)
-    for sid in plan.run:
-        rep.settle(rep.running[sid], end)
+    running = rep.running
+    batch = [running[sid] for sid in plan.run]
+    if pool.config.allocator == "slab":
+        for seq in batch:
+            seq.skip(k, end, worst)
+            pool.grow(seq, seq.num_computed)
+    else:  # paged: ``pool.grow`` inlined
+        for seq in batch:
+            seq.skip(k, end, worst)
+            need = -(-seq.num_computed // bs) - seq.num_blocks
+            if need > 0:
+                pool.take_for(seq, need)
+    settle = rep.settle
+    for seq in batch:
+        settle(seq, end)
     pad = len(plan.padding)
     rep.log.extend(rep.index, starts, seconds, n, n, pad, pad,
                    len(rep.waiting) + len(rep.preempted), used, series, n,

@@ -23,6 +23,14 @@ REGULAR_ITL = -1.0
 
 NAN = math.nan
 
+# Slot setters of the frozen ``SeqView``: building a snapshot is the engine's most frequent
+# allocation, and these skip the dataclass ``__init__``'s ``object.__setattr__`` round trips.
+_new_view = SeqView.__new__
+(_SET_ID, _SET_ARRIVAL, _SET_PROMPT, _SET_GENERATED, _SET_COMPUTED, _SET_PREEMPTIONS,
+ _SET_BLOCKS, _SET_PRIORITY) = (getattr(SeqView, f).__set__ for f in (
+    "id", "arrival_s", "num_prompt_tokens", "num_generated", "num_computed_tokens",
+    "num_preemptions", "num_blocks", "priority"))
+
 
 class Seq:
     """Progress, KV holding and timestamps of one request."""
@@ -67,11 +75,17 @@ class Seq:
     def view(self) -> SeqView:
         """The frozen snapshot a policy sees (cached until the state changes)."""
         v = self._view
-        if v is None:
+        if v is None:  # SeqView(...) without the frozen dataclass's per-field setattr calls
             r = self.req
-            v = SeqView(r.id, r.arrival_s, r.num_prompt_tokens, self.num_generated,
-                        self.num_computed + self.hit_tokens, self.num_preemptions,
-                        self.num_blocks, r.priority)
+            v = _new_view(SeqView)
+            _SET_ID(v, r.id)
+            _SET_ARRIVAL(v, r.arrival_s)
+            _SET_PROMPT(v, r.num_prompt_tokens)
+            _SET_GENERATED(v, self.num_generated)
+            _SET_COMPUTED(v, self.num_computed + self.hit_tokens)
+            _SET_PREEMPTIONS(v, self.num_preemptions)
+            _SET_BLOCKS(v, self.num_blocks)
+            _SET_PRIORITY(v, r.priority)
             self._view = v
         return v
 

@@ -7,7 +7,6 @@ num_generated``; when it does at the end of a step, one new token is sampled.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -51,12 +50,13 @@ class SeqView:
     @property
     def num_uncomputed(self) -> int:
         """Tokens still to compute before the next token can be sampled (1 for a decode)."""
-        return self.num_tokens - self.num_computed_tokens
+        return self.num_prompt_tokens + self.num_generated - self.num_computed_tokens
 
     @property
     def is_prefill(self) -> bool:
         """True while prompt (or recomputed) tokens remain; a pure decode has exactly one left."""
-        return self.num_uncomputed > 1 or self.num_generated == 0
+        return (self.num_prompt_tokens + self.num_generated - self.num_computed_tokens > 1
+                or self.num_generated == 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,8 @@ class KVView:
             target = max(target, seq.num_prompt_tokens + self.reserve_output_tokens)
         elif self.reserve_tokens is not None:
             target = max(target, self.reserve_tokens)
-        return max(0, math.ceil(target / self.block_size) - seq.num_blocks)
+        need = -(-target // self.block_size) - seq.num_blocks  # exact integer ceil
+        return need if need > 0 else 0
 
     @property
     def used_fraction(self) -> float:

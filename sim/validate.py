@@ -49,16 +49,29 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
     total = 0
     blocks = 0
     kv = view.kv
+    bs = kv.block_size
+    # ``kv.blocks_needed(seen, n)``, inlined: the floor is the slab reservation, if any
+    per_seq = kv.reserve_output_tokens
+    fixed = kv.reserve_tokens if per_seq is None else None
+    running, waiting, preempted, reject = rep.running, rep.waiting, rep.preempted, plan.reject
     for sid, n in plan.run.items():
-        seq = rep.running.get(sid) or rep.waiting.get(sid) or rep.preempted.get(sid)
-        if seq is None or sid in plan.reject:
+        seq = running.get(sid) or waiting.get(sid) or preempted.get(sid)
+        if seq is None or (reject and sid in reject):
             fail(rep, now, f"request {sid} is not waiting or running")
         seen = seq.view()
-        if not isinstance(n, int) or n < 1 or n > seen.num_uncomputed:
-            fail(rep, now, f"request {sid}: {n!r} tokens scheduled, 1..{seen.num_uncomputed}"
-                 " allowed")
+        computed = seen.num_computed_tokens
+        left = seen.num_prompt_tokens + seen.num_generated - computed
+        if n.__class__ is not int and not isinstance(n, int) or n < 1 or n > left:
+            fail(rep, now, f"request {sid}: {n!r} tokens scheduled, 1..{left} allowed")
         total += n
-        blocks += kv.blocks_needed(seen, n)
+        target = computed + n
+        if per_seq is not None:
+            target = max(target, seen.num_prompt_tokens + per_seq)
+        elif fixed is not None:
+            target = max(target, fixed)
+        need = -(-target // bs) - seen.num_blocks
+        if need > 0:
+            blocks += need
     if pol.max_num_batched_tokens is not None and total > pol.max_num_batched_tokens:
         fail(rep, now, f"{total} tokens > max_num_batched_tokens={pol.max_num_batched_tokens}")
     if blocks > kv.free_blocks + freed:

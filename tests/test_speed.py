@@ -1,0 +1,94 @@
+"""Speed-work regression tests: optimizations must not change a single output bit.
+
+No timing assertions (they flake on shared machines); instead the outputs of a fixed config
+are pinned to hashes taken before the hot path was optimized, and the work a steady decode
+stretch costs is counted in policy calls, not seconds.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import sim
+from policies import make_policy
+from sim.metrics import STEP_COLUMNS, StepLog
+from sim.types import StepCost
+from sim.workload import build_workload_arrays
+
+#: (steps hash, requests hash, preemptions, p99 ITL ms) of the config below, computed with the
+#: engine as it was before the speed work (commit before docs/performance.md).
+#: A golden test: a change of the cost model or its calibration legitimately changes them.
+PINNED = {
+    "continuous": ("d9a57d0c7eb8c07d", "2878938383e3638c", 6, 66.27785831410549),
+    "chunked_prefill": ("88970035e3aa2218", "7ee6c0292065f323", 158, 12.274519029615405),
+}
+POLICIES = {"continuous": {"name": "continuous", "max_num_seqs": 32},
+            "chunked_prefill": {"name": "chunked_prefill", "token_budget": 256,
+                                "max_num_seqs": 32}}
+
+
+def _hash(df: pd.DataFrame) -> str:
+    # Text with round-trip float precision: independent of pandas' internal hashing.
+    text = df.to_csv(index=False, float_format="%.17g", lineterminator="\n")
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_outputs_bit_identical_to_pinned(name: str) -> None:
+    arrays = build_workload_arrays({"arrival": {"process": "poisson", "rate": 14.0},
+                                    "num_requests": 200,
+                                    "lengths": {"dist": "empirical", "trace": "azure-conv"}},
+                                   np.random.default_rng(3))
+    cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engine="vllm")
+    res = sim.simulate(arrays.to_requests(), policy=POLICIES[name], cost=cost,
+                       kv={"block_size": 16, "num_blocks": 1500})
+    got = (_hash(res.steps), _hash(res.requests), res.summary["num_preemptions"],
+           res.summary["p99_itl_ms"])
+    assert got == PINNED[name]
+
+
+def test_steady_decode_stretch_costs_constant_policy_calls() -> None:
+    """A lone decode of any length is one prefill step, one launched decode step and a few
+    skips (``MAX_SKIP_STEPS`` each): the policy is asked O(1) times, not once per token."""
+    calls = {}
+    for n_out in (300, 3000):
+        policy = make_policy({"name": "continuous"})
+        count = [0]
+        inner = policy.schedule
+
+        def counted(view, inner=inner, count=count):  # noqa: ANN001, ANN202
+            count[0] += 1
+            return inner(view)
+
+        object.__setattr__(policy, "schedule", counted)
+        req = sim.Request(id=0, arrival_s=0.0, num_prompt_tokens=100, num_output_tokens=n_out)
+        res = sim.simulate([req], policy=policy, cost=sim.ConstantCost(0.01), kv=None)
+        assert len(res.steps) == n_out  # every step still logged
+        calls[n_out] = count[0]
+    assert calls[3000] <= calls[300] + 2
+    assert calls[300] <= 3
+
+
+def test_step_log_typed_columns_match_list_table() -> None:
+    log = StepLog()
+    log.record(0, 0.0, 0.5, 2, 10, 1, 0, 0, 3, 7, StepCost(0.5, 1.0, 2.0, "memory"), 1,
+               kv_live_tokens=11, kv_cached_blocks=0, swap_s=0.25, swapped_bytes=8.0)
+    series = type("S", (), {"flops": np.array([1.5, 2.5]), "bytes": np.array([3.0, 4.0]),
+                            "bound": ("memory", "compute")})
+    log.extend(1, np.array([0.5, 1.0]), np.array([0.5, 0.5]), 2, 2, 0, 0, 1,
+               np.array([8, 9]), series, 2, kv_live_tokens=np.array([12, 14]))
+    table = log.table()
+    expected = pd.DataFrame({
+        "replica": [0, 1, 1], "start_s": [0.0, 0.5, 1.0], "duration_s": [0.5, 0.5, 0.5],
+        "num_seqs": [2, 2, 2], "num_prefill_tokens": [10, 0, 0], "num_decode_tokens": [1, 2, 2],
+        "num_padding_tokens": [0, 0, 0], "num_padding_rows": [0, 0, 0], "num_waiting": [3, 1, 1],
+        "kv_used_blocks": [7, 8, 9], "flops": [1.0, 1.5, 2.5], "bytes": [2.0, 3.0, 4.0],
+        "bound": ["memory", "memory", "compute"], "num_regular_itl": [1, 2, 2],
+        "kv_live_tokens": [11, 12, 14], "kv_cached_blocks": [0, 0, 0],
+        "num_recomputed_tokens": [0, 0, 0], "swap_s": [0.25, 0.0, 0.0],
+        "swapped_bytes": [8.0, 0.0, 0.0]}, columns=list(STEP_COLUMNS))
+    pd.testing.assert_frame_equal(table, expected, check_exact=True)
+    assert list(StepLog().table().columns) == list(STEP_COLUMNS)
