@@ -98,8 +98,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def cmd_trace_stats(args: argparse.Namespace) -> int:
     """``batchsim trace-stats TRACE``."""
+    from sim.trace_stats import format_trace_stats, trace_stats
     from sim.traces import load_trace_arrays
-    from sim.workload import format_trace_stats, trace_stats
 
     print(format_trace_stats(trace_stats(load_trace_arrays(args.trace)), title=args.trace))
     return 0

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import synthetic
-from sim.workload import WorkloadError, build_workload, format_trace_stats, trace_stats
+from sim.trace_stats import format_trace_stats, trace_stats
+from sim.workload import WorkloadError, build_workload
 
 
 def rng(seed: int = 0) -> np.random.Generator:
