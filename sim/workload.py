@@ -59,14 +59,14 @@ def build_workload_arrays(spec: Mapping[str, Any], rng: np.random.Generator,
     """Columnar form of ``build_workload`` (sorted by arrival), for large or derived workloads."""
     s = _Spec(spec, where, base_dir)
     if "conversations" in spec:
-        s.only({"conversations"})
+        s.only({"conversations"} | _COMMON)
         from sim.conversations import ConversationError, conversations
 
         try:
             arr = TraceArrays.from_requests(conversations(spec["conversations"], rng))
         except ConversationError as exc:
             raise WorkloadError(str(exc)) from None
-        return arr.take(np.argsort(arr.arrival_s, kind="stable"))
+        return _stamp(s, arr.take(np.argsort(arr.arrival_s, kind="stable")))
     if "mix" in spec:
         out = _mix(s, rng)
     elif "trace" in spec:
