@@ -44,6 +44,8 @@ ATTENTION_PARAMS: dict[str, tuple[float, float, float]] = {
     "attention_prefill_par_half": (10.0, 0.0, 5000.0),
     "attention_decode_par_half": (10.0, 0.0, 5000.0),
     "attention_split_tokens": (2000.0, 16.0, 1e6),
+    "attention_mha_split_tokens": (2000.0, 16.0, 1e6),
+    "attention_gqa_latency_us": (2.0, 0.0, 50.0),
 }
 #: Values of trailing attention parameters a shorter theta leaves out: their neutral settings.
 _ATTENTION_NEUTRAL = (0.0, 0.0, 0.0, float("inf"))
@@ -175,9 +177,15 @@ def _predict_attention(theta: np.ndarray, gpu: GpuProfile, a: pd.DataFrame, pref
     """Seconds per measured attention kernel under ``theta`` (``ATTENTION_PARAMS`` order; a
     5-long theta leaves padding and occupancy out): prefill rows are ``batch_size`` causal chunks
     of ``isl`` tokens, decode rows attend ``step + 1`` keys; same formulas as ``sim.roofline``,
-    which also treats a one-token prefill row (``isl == 1``) as decode."""
+    which also treats a one-token prefill row (``isl == 1``) as decode. A 9-long theta gives
+    multi-head layouts the grouped-query split length and no swap latency."""
     theta = tuple(theta) + _ATTENTION_NEUTRAL[len(theta) - 5:] if len(theta) < 9 else theta
-    att_eff, att_half, mem_eff, lat_us, row_tokens, pad, pf_half, dec_half, split = theta
+    if len(theta) < 10:  # no separate multi-head split length: the grouped-query one
+        theta = (*theta, theta[8])
+    if len(theta) < 11:
+        theta = (*theta, 0.0)
+    (att_eff, att_half, mem_eff, lat_us, row_tokens, pad, pf_half, dec_half, split, mha_split,
+     gqa_lat) = theta
     peak, bw = gpu.peak_flops("bf16"), gpu.hbm_bytes_per_s * mem_eff
     b, hq, hkv, hd = (a[c].to_numpy(float) for c in
                       ("batch_size", "num_heads", "num_key_value_heads", "head_dim"))
@@ -187,10 +195,11 @@ def _predict_attention(theta: np.ndarray, gpu: GpuProfile, a: pd.DataFrame, pref
     # decode (and one-token "prefill" rows, which the simulator runs as decode)
     flops = 4 * hq * hd * b * ctx
     nbytes = kvt * b * (ctx + row_tokens) + b * (kvt + qb)
-    par = hkv * (b + b * ctx / split)
+    # FlashAttention-2 splits the KV of multi-head (hq == hkv) decode by its own rule
+    par = hkv * (b + b * ctx / np.where(hq == hkv, mha_split, split))
     t_row = np.maximum(flops / (peak * att_eff), nbytes / bw)
     tail = t_row * dec_half / par  # every row streams its KV (see RooflineCost._attention)
-    t = t_row + tail
+    t = t_row + tail + np.where((hkv > 1) & (hq > hkv), gqa_lat * 1e-6, 0.0)
     if prefill:
         flops = 4 * hq * hd * b * (s * (s + 1) / 2 + pad * s)
         nbytes = kvt * b * (2 * s + row_tokens) + qb * b * s

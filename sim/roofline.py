@@ -58,6 +58,8 @@ class CostParams:
     attention_prefill_par_half: float = 0.0
     attention_decode_par_half: float = 0.0
     attention_split_tokens: float = float("inf")
+    attention_mha_split_tokens: float = float("inf")
+    attention_gqa_latency_s: float = 0.0
 
     @staticmethod
     def of(gpu: GpuProfile, engine: EngineProfile, **overrides: float) -> CostParams:
@@ -72,6 +74,12 @@ class CostParams:
             ic.allreduce_alpha_us * 1e-6, ic.alpha_per_peer_us * 1e-6,
             engine.per_step_s, engine.per_seq_s, engine.per_layer_launch_s,
             *(float(_calibration_value(c, k, d)) for k, d in _ATTENTION_EXTRAS.items()))
+        # without its own fit, multi-head decode splits like grouped-query decode
+        split = base.attention_split_tokens
+        base = replace(base, attention_mha_split_tokens=float(
+            _calibration_value(c, "attention_mha_split_tokens", split)),
+            attention_gqa_latency_s=float(
+            _calibration_value(c, "attention_gqa_latency_us", 0.0)) * 1e-6)
         known = [f.name for f in fields(CostParams)]
         bad = sorted(set(overrides) - set(known))
         if bad:
@@ -150,6 +158,12 @@ class RooflineCost(_ShapeCost):
         setf(self, "_q_bytes_tok", 2.0 * hq * m.head_dim * _ACT_BYTES)  # read Q, write O
         setf(self, "_hq", hq)
         setf(self, "_hkv", float(hkv))
+        # FlashAttention-2 decode dispatch: multi-head layouts (hq == hkv) split long KV by
+        # their own rule (never, on A100); grouped-query layouts with several KV heads pay the
+        # query/output head-layout swap (fixed extra latency) that hkv == 1 gets for free
+        setf(self, "_split", p.attention_mha_split_tokens if hq == hkv
+             else p.attention_split_tokens)
+        setf(self, "_gqa_lat", p.attention_gqa_latency_s if 1 < hkv < hq else 0.0)
         ic = self.gpu.interconnect
         bus = (ic.bus_bw_gbps if ic.nvlink_gbps > 0 else self.gpu.pcie_gbps) * 1e9 * p.comm_eff
         setf(self, "_bus", bus)
@@ -187,7 +201,7 @@ class RooflineCost(_ShapeCost):
         tm = (self._kv_bytes_tok_layer * (c + p.attention_row_tokens + 1.0)
               + self._q_bytes_tok) / self._att_bw
         t = np.maximum(tc, tm) if isinstance(c, np.ndarray) else max(tc, tm)
-        return t / (self._hkv * (1.0 + c / p.attention_split_tokens))
+        return t / (self._hkv * (1.0 + c / self._split))
 
     def _decode_tail_s(self, c_min: float | np.ndarray, c_max: float | np.ndarray
                        ) -> float | np.ndarray:
@@ -196,12 +210,11 @@ class RooflineCost(_ShapeCost):
         row is the shortest or the longest; when the unit time grows with the context
         (``row_tokens + 1 <= split_tokens``, every fitted GPU) only the longest is looked at,
         and the step time stays monotone in work."""
-        p = self.params
         slow = self._decode_unit_s(c_max)
-        if p.attention_row_tokens + 1.0 > p.attention_split_tokens:
+        if self.params.attention_row_tokens + 1.0 > self._split:
             low = self._decode_unit_s(c_min)
             slow = np.maximum(slow, low) if isinstance(slow, np.ndarray) else max(slow, low)
-        return p.attention_decode_par_half * slow
+        return self.params.attention_decode_par_half * slow
 
     def _attention(self, new: np.ndarray, ctx: np.ndarray, tokens: int
                    ) -> tuple[list[float], ...]:
@@ -238,13 +251,14 @@ class RooflineCost(_ShapeCost):
         # every row streams its KV: the decode-style tail covers prefill rows too, so a row
         # turning from decode into a prefill chunk never lowers it
         c_all = c_dec if new_pf == 0 else kv_tok
-        c_min = float(c_all.min()) if p.attention_row_tokens + 1.0 > p.attention_split_tokens \
+        c_min = float(c_all.min()) if p.attention_row_tokens + 1.0 > self._split \
             else 0.0
         tail = self._decode_tail_s(c_min, float(c_all.max()))
         if n_dec:  # decode: one query per row, reads the row's whole (windowed) KV
             f = fpp * kv_dec
             b = kvt * (kv_dec + n_dec * p.attention_row_tokens) + n_dec * (kvt + self._q_bytes_tok)
-            out.append([f / (self._peak * p.attention_compute_eff), b / bw, f, b])
+            g = self._gqa_lat  # the decode kernel's head-layout swap
+            out.append([f / (self._peak * p.attention_compute_eff) + g, b / bw + g, f, b])
         if new_pf:  # prefill chunks: causal FLOPs against the context; short chunks run worse
             f = fpp * (pairs_all - kv_dec)
             rows_pf = len(new) - n_dec  # each row also pays the fixed per-sequence work
@@ -353,8 +367,9 @@ class RooflineCost(_ShapeCost):
         if w is not None:
             c_min, c_max = np.minimum(c_min, w), np.minimum(c_max, w)
         tail = self._decode_tail_s(c_min, c_max)
-        t = np.maximum(f / (self._peak * p.attention_compute_eff) + tail,
-                       b / self._att_bw + tail)
+        g = self._gqa_lat
+        t = np.maximum(f / (self._peak * p.attention_compute_eff) + g + tail,
+                       b / self._att_bw + g + tail)
         att = (t + (p.attention_latency_s + p.kernel_latency_s)) * L
         total = np.zeros(num_steps)
         for name, value in first.breakdown.items():  # same summation order as ``step``
