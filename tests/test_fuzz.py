@@ -22,9 +22,9 @@ address space at ``HEADROOM_BYTES`` (a runaway allocation becomes a ``MemoryErro
 The run is derandomised (the same examples in CI every time); ``BATCHSIM_FUZZ_SCALE=N``
 multiplies the example counts and draws fresh ones, for longer local fuzzing sessions.
 
-Known bugs are pinned by strict-xfail reproductions at the end of this file; the fuzz
-strategies steer around their triggers (``known_bug``) so the fuzz itself stays green. When a
-fix makes its xfail pass, delete the xfail marker and the matching clause of ``known_bug``.
+The bugs this fuzzing found are fixed and kept as minimal regression tests at the end of this
+file. A new one gets a strict-xfail reproduction there and a clause in ``known_bug`` (which
+steers the fuzz around its trigger) until it is fixed.
 """
 from __future__ import annotations
 
@@ -605,7 +605,7 @@ def test_damaged_trace_files_run_or_fail_in_one_line(data, sort):
     run_trace(data, sort)
 
 
-# -- known bugs: minimal reproductions (strict xfail: a fix makes them pass, then unmark) ------
+# -- regression tests: the minimal reproductions of the bugs this fuzzing found (all fixed) -----
 
 TINY = """\
 name: tiny
