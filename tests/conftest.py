@@ -1,9 +1,23 @@
-"""Shared test fixtures: a compact way to write small request traces."""
+"""Shared test setup: a reproducible hypothesis profile and a compact way to write traces.
+
+Property tests draw the same examples on every run (``derandomize``), so CI is deterministic
+and a failure seen once is seen again; set ``BATCHSIM_HYPOTHESIS=explore`` to search with
+fresh random examples instead.
+"""
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import HealthCheck, settings
 
 import sim
+
+settings.register_profile("ci", derandomize=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("explore" if os.environ.get("BATCHSIM_HYPOTHESIS") == "explore" else "ci")
 
 
 @pytest.fixture
