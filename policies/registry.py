@@ -135,8 +135,3 @@ def check_positive(policy: Policy, **values: float | None) -> None:
         policy._require(value is None or value > 0, key, f"must be > 0, got {value!r}")
 
 
-def scheduled_tokens(plan: Plan) -> int:
-    """Total tokens a plan computes for real requests."""
-    return sum(plan.run.values())
-
-

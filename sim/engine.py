@@ -105,8 +105,8 @@ class Replica:
             shape, num_prefill, num_decode, recomputed = self._launch(plan, now)
             step = self.cost.step(shape)
             swap_s, swap_bytes = self._swap_s, self._swap_bytes
-            yield from self._wait_until(env, now + (step.seconds + swap_s if swap_s
-                                                    else step.seconds))
+            # x + 0.0 == x exactly, so a step without transfers ends at now + step.seconds.
+            yield from self._wait_until(env, now + (step.seconds + swap_s))
             self._commit(plan, now, self.clock, step, shape, num_prefill, num_decode,
                          recomputed, swap_s, swap_bytes)
             if plan.steady and self.skip:

@@ -32,11 +32,6 @@ class PrefixCache:
         self.evictable = 0  # cached blocks no sequence references: free-able on demand
         self.referenced = 0  # cached blocks some running sequence holds
 
-    @property
-    def num_cached(self) -> int:
-        """All blocks in the cache, referenced or not."""
-        return self.evictable + self.referenced
-
     def length(self, prefix_id: str) -> int:
         """Blocks of ``prefix_id``'s chain currently cached (a prefix of the chain)."""
         chain = self._chains.get(prefix_id)
