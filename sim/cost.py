@@ -105,6 +105,12 @@ class ConstantCost(_ShapeCost):
         """Always ``step_s``."""
         return StepCost(self.step_s, bound="constant")
 
+    def decode_step(self, rows: int, kv_tokens: int, c_min: int, c_max: int
+                    ) -> tuple[float, float, float, str]:
+        """``(seconds, flops, bytes, bound)`` of a pure-decode step from aggregates (as
+        ``RooflineCost.decode_step``): always ``step_s``."""
+        return self.step_s, 0.0, 0.0, "constant"
+
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """``num_steps`` copies of ``step_s``."""
         return self._flat_series(shape, num_steps)
@@ -133,6 +139,11 @@ class LinearCost(_ShapeCost):
         seconds = (self.base_s + self.per_token_s * shape.num_tokens
                    + self.per_seq_s * len(shape.new_tokens))
         return StepCost(seconds, bound="linear")
+
+    def decode_step(self, rows: int, kv_tokens: int, c_min: int, c_max: int
+                    ) -> tuple[float, float, float, str]:
+        """``(seconds, flops, bytes, bound)`` of ``rows`` one-token decodes, as ``step``."""
+        return self.base_s + self.per_token_s * rows + self.per_seq_s * rows, 0.0, 0.0, "linear"
 
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """Context length does not enter the linear model: a flat series."""

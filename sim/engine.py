@@ -32,9 +32,22 @@ from sim.state import Seq
 from sim.types import BatchShape, Plan, Request, View
 from sim.validate import EngineError, validate_plan
 
-__all__ = ["MAX_SKIP_STEPS", "EngineError", "Replica"]
+__all__ = ["MAX_SKIP_STEPS", "EngineError", "Replica", "never_fits"]
 
 _COMPUTED = attrgetter("num_computed")
+
+
+def never_fits(cfg: KVConfig, max_model_len: int | None, prompt: int, output: int) -> str:
+    """Why a request can never be served by a replica with this KV cache ('' if it can)."""
+    if max_model_len is not None and prompt + output > max_model_len:
+        return f"prompt + output = {prompt + output} tokens exceed max_model_len={max_model_len}"
+    reserve = cfg.reserve_for(prompt)
+    if cfg.allocator == "slab" and prompt + 1 > reserve:
+        return f"prompt of {prompt} tokens exceeds the slab reservation of {reserve} tokens"
+    need = -(-max(prompt + 1, reserve) // cfg.block_size)
+    if need > cfg.num_blocks:
+        return f"needs {need} KV blocks, the cache has {cfg.num_blocks}"
+    return ""
 
 
 class Replica:
@@ -134,20 +147,9 @@ class Replica:
 
     def _never_fits(self, seq: Seq) -> str:
         """Why a request can never be served by this replica's KV cache ('' if it can)."""
-        cfg = self.pool.config
-        prompt = seq.req.num_prompt_tokens
-        limit = self.max_model_len
-        if limit is not None and prompt + seq.req.num_output_tokens > limit:
-            return (f"prompt + output = {prompt + seq.req.num_output_tokens} tokens exceed "
-                    f"max_model_len={limit}")
-        reserve = cfg.reserve_for(prompt)
-        if cfg.allocator == "slab" and prompt + 1 > reserve:
-            return (f"prompt of {prompt} tokens exceeds the slab reservation of {reserve} "
-                    "tokens")
-        need = -(-max(prompt + 1, reserve) // cfg.block_size)
-        if need > cfg.num_blocks:
-            return f"needs {need} KV blocks, the cache has {cfg.num_blocks}"
-        return ""
+        r = seq.req
+        return never_fits(self.pool.config, self.max_model_len, r.num_prompt_tokens,
+                          r.num_output_tokens)
 
     def _view(self, now: float) -> View:
         pool = self.pool

@@ -56,16 +56,33 @@ class StepLog:
 
     Columns are ``array.array`` (8 bytes a value, not a boxed Python number: a 5M-step run
     stays well under a gigabyte); ``table()`` views them as numpy without copying twice.
+    Irregular gaps are run-length encoded: consecutive tokens with the same gap at the same
+    time (every running decode after one prefill step, say) share one ``(at, gap, count)`` entry.
     """
 
     cols: dict[str, Any] = field(default_factory=_new_columns)
-    irregular_itl: list[float] = field(default_factory=list)
-    irregular_itl_at: list[float] = field(default_factory=list)
+    irregular_itl: array = field(default_factory=lambda: array("d"))
+    irregular_itl_at: array = field(default_factory=lambda: array("d"))
+    irregular_itl_count: array = field(default_factory=lambda: array("q"))
 
-    def add_irregular_itl(self, at_s: float, gap_s: float) -> None:
-        """Record a gap that is not one step's duration, with the time its token came."""
-        self.irregular_itl_at.append(at_s)
-        self.irregular_itl.append(gap_s)
+    def add_irregular_itl(self, at_s: float, gap_s: float, count: int = 1) -> None:
+        """Record ``count`` tokens whose gap to their predecessor is not one step's duration."""
+        at, gaps = self.irregular_itl_at, self.irregular_itl
+        if at and at[-1] == at_s and gaps[-1] == gap_s:
+            self.irregular_itl_count[-1] += count
+        else:
+            at.append(at_s)
+            gaps.append(gap_s)
+            self.irregular_itl_count.append(count)
+
+    def irregular_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(gaps, token times, counts)`` of the irregular inter-token gaps, as numpy."""
+        return (np.frombuffer(self.irregular_itl, dtype=np.float64) if self.irregular_itl
+                else np.empty(0),
+                np.frombuffer(self.irregular_itl_at, dtype=np.float64) if self.irregular_itl_at
+                else np.empty(0),
+                np.frombuffer(self.irregular_itl_count, dtype=np.int64)
+                if self.irregular_itl_count else np.empty(0, dtype=np.int64))
 
     def record(self, replica: int, start: float, duration: float, num_seqs: int,
                num_prefill: int, num_decode: int, num_padding: int, num_padding_rows: int,
@@ -156,7 +173,14 @@ def request_table(seqs: list) -> pd.DataFrame:
         ints["num_cached_tokens"][i] = s.num_cached_tokens
         status.append(s.status)
         reason.append(s.reason)
-    df = pd.DataFrame({**ints, **arr, "status": status, "reason": reason})
+    return request_frame({**ints, **arr}, status, reason)
+
+
+def request_frame(columns: dict[str, Any], status: list[str], reason: list[str]
+                  ) -> pd.DataFrame:
+    """The request table from per-request columns (the ids, times, counts of
+    ``REQUEST_COLUMNS`` that are not derived), adding TTFT, TPOT and E2E."""
+    df = pd.DataFrame({**columns, "status": status, "reason": reason})
     done = df["status"].to_numpy() == "finished"
     df["ttft_s"] = np.where(done, df["first_token_s"] - df["arrival_s"], np.nan)
     df["e2e_s"] = np.where(done, df["finish_s"] - df["arrival_s"], np.nan)
@@ -195,16 +219,19 @@ def _stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, f
     return out
 
 
-def itl_sample(steps: pd.DataFrame, irregular: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    """All inter-token latencies as (values, counts): per-step durations plus irregular gaps."""
-    vals = np.concatenate([steps["duration_s"].to_numpy(dtype=float), np.asarray(irregular)])
-    counts = np.concatenate([steps["num_regular_itl"].to_numpy(dtype=float),
-                             np.ones(len(irregular))])
+def itl_sample(steps: pd.DataFrame, irregular: Any, irregular_counts: Any = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """All inter-token latencies as (values, counts): per-step durations plus irregular gaps
+    (each ``irregular_counts`` times; once when no counts are given)."""
+    gaps = np.asarray(irregular, dtype=float)
+    counts = (np.ones(len(gaps)) if irregular_counts is None
+              else np.asarray(irregular_counts, dtype=float))
+    vals = np.concatenate([steps["duration_s"].to_numpy(dtype=float), gaps])
+    counts = np.concatenate([steps["num_regular_itl"].to_numpy(dtype=float), counts])
     return vals, counts
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame,
-              irregular_itl: list[float] | tuple[list[float], list[float]], *,
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *,
               peak_flops: float | None, peak_bytes_per_s: float | None,
               slot_capacity: int | None, num_replicas: int, kv_total_blocks: int | None,
               warmup_s: float = 0.0, cooldown_s: float = 0.0,
@@ -215,10 +242,14 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame,
     Requests are counted when they arrive inside [first arrival + ``warmup_s``, last arrival −
     ``cooldown_s``]; steps when they start inside the same window, and irregular inter-token
     gaps (``(gaps, token times)``) when their token comes inside it. ``duration`` runs from
-    the window's first arrival to its last finish.
+    the window's first arrival to its last finish. ``irregular_itl`` is a list of gaps, or
+    ``(gaps, token times)``, or ``(gaps, token times, counts)`` (run-length encoded).
     """
+    counts = None
     if isinstance(irregular_itl, tuple):
-        gaps, at = (np.asarray(x, dtype=float) for x in irregular_itl)
+        gaps, at = (np.asarray(x, dtype=float) for x in irregular_itl[:2])
+        if len(irregular_itl) > 2:
+            counts = np.asarray(irregular_itl[2], dtype=float)
     else:
         gaps = np.asarray(irregular_itl, dtype=float)
         at = None
@@ -253,8 +284,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame,
         "ttft": (done["ttft_s"].to_numpy(float), None),
         "tpot": (done["tpot_s"].to_numpy(float), None),
         "e2el": (done["e2e_s"].to_numpy(float), None),
-        "itl": itl_sample(st, gaps if at is None or not len(steps)
-                          else gaps[(at > t0) & (at <= end)]),
+        "itl": _windowed_itl(st, gaps, at, counts, len(steps) > 0, t0, end),
     }
     for metric in LATENCIES:
         vals, w = samples[metric]
@@ -290,6 +320,16 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame,
     if slos:
         s.update(slo_attainment(done, len(win), slos, per))
     return s
+
+
+def _windowed_itl(st: pd.DataFrame, gaps: np.ndarray, at: np.ndarray | None,
+                  counts: np.ndarray | None, any_steps: bool, t0: float, end: float
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The ITL sample of the measurement window: irregular gaps whose token came inside it."""
+    if at is None or not any_steps:
+        return itl_sample(st, gaps, counts)
+    keep = (at > t0) & (at <= end)
+    return itl_sample(st, gaps[keep], None if counts is None else counts[keep])
 
 
 SLO_KEYS = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "e2el_ms": "e2e_s"}

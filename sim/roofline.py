@@ -168,6 +168,8 @@ class RooflineCost(_ShapeCost):
         bus = (ic.bus_bw_gbps if ic.nvlink_gbps > 0 else self.gpu.pcie_gbps) * 1e9 * p.comm_eff
         setf(self, "_bus", bus)
         setf(self, "_alpha", p.allreduce_alpha_s + p.alpha_per_peer_s * max(0, tp - 2))
+        setf(self, "_decode_consts", {})  # rows -> ``_decode_constants(rows)``
+        setf(self, "_decode_fn", [])  # the ``decode_step_function`` closure, once built
 
     def _weight_params_per_gpu(self) -> float:
         """Parameters one GPU stores: layers and LM head sharded by TP, KV heads replicated."""
@@ -339,6 +341,138 @@ class RooflineCost(_ShapeCost):
         bound = max((compute_s, "compute"), (memory_s, "memory"), (comm * L, "comm"),
                     (overhead, "overhead"))[1]
         return StepCost(sum(seconds.values()), flops * self.tp, nbytes * self.tp, bound, seconds)
+
+    @property
+    def decode_uses_min_context(self) -> bool:
+        """Whether a pure-decode step's cost looks at the shortest context, not only the longest
+        (``decode_step``'s ``c_min``): only when the fitted row cost falls with context."""
+        return self.params.attention_row_tokens + 1.0 > self._split
+
+    def decode_step(self, rows: int, kv_tokens: int, c_min: int, c_max: int
+                    ) -> tuple[float, float, float, str]:
+        """``(seconds, flops, bytes, bound)`` of a pure-decode step from aggregates alone:
+        ``rows`` sequences attending ``kv_tokens`` keys in all, the shortest ``c_min`` and the
+        longest ``c_max``. Bit-identical to ``step`` on such a batch (same operations in the same
+        order; the parts that depend on ``rows`` only are cached), so an engine can cost decode
+        steps without building per-row arrays. Models with a sliding window need the rows."""
+        return self.decode_step_function()(rows, kv_tokens, c_min, c_max)
+
+    def decode_step_function(self):  # noqa: ANN201 - returns the closure described below
+        """``decode_step`` as a closure over this model's constants: the fast path calls it
+        once per decode step, so every lookup it can avoid is bound here once."""
+        fn = self._decode_fn
+        if fn:
+            return fn[0]
+        if self.model.sliding_window is not None:
+            raise ValueError("decode_step: a sliding-window model needs per-row contexts")
+        p, L, tp = self.params, self.model.num_layers, self.tp
+        consts, make = self._decode_consts, self._decode_constants
+        fpp, kvt, g = self._attn_flops_pair, self._kv_bytes_tok_layer, self._gqa_lat
+        row_tok, q_bytes = p.attention_row_tokens, self._q_bytes_tok
+        peak_att, att_bw = self._peak * p.attention_compute_eff, self._att_bw
+        uses_min = self.decode_uses_min_context
+        # ``_decode_unit_s`` and ``_decode_tail_s``, inlined with the same operations
+        hkv, split, par_half = self._hkv, self._split, p.attention_decode_par_half
+
+        def unit(c: float) -> float:
+            tc = fpp * c / peak_att
+            tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
+            return (tc if tc > tm else tm) / (hkv * (1.0 + c / split))
+
+        def decode_step(rows: int, kv_tokens: int, c_min: int, c_max: int
+                        ) -> tuple[float, float, float, str]:
+            k = consts.get(rows)
+            if k is None:
+                k = consts[rows] = make(rows)
+            (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s,
+             overhead, c2, m2, f2, b2) = k
+            f = fpp * kv_tokens
+            b = kvt * (kv_tokens + rows * row_tok) + rows * (kvt + q_bytes)
+            c = float(c_max)  # ``unit(c)``, inlined: this runs once per simulated step
+            tc = fpp * c / peak_att
+            tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
+            slow = (tc if tc > tm else tm) / (hkv * (1.0 + c / split))
+            if uses_min:
+                low = unit(float(c_min))
+                slow = max(slow, low)
+            tail = par_half * slow
+            tc = f / peak_att + g
+            tm = b / att_bw + g
+            tc += tail
+            tm += tail
+            t = max(tc, tm)  # + 0 kernel latencies, as ``step`` adds them
+            if tc > tm:
+                t0 += t
+            else:
+                t1 += t
+            t1 += att_lat
+            t1 += t_norm
+            t2 += f
+            t2 += 0.0
+            t3 += b
+            t3 += e_norm
+            compute_s, memory_s = t0 * L + c2, t1 * L + m2
+            seconds = s3 + (t + att_lat) * L + norms_l
+            if tp > 1:
+                seconds += comm_l
+            seconds = seconds + emb_s + lm_s + overhead
+            # ``max`` over (seconds, name) pairs as ``step`` takes it, ties going to the larger
+            # name ("overhead" > "memory" > "compute" > "comm"), without building the tuples
+            bound, top = ("memory", memory_s) if memory_s >= compute_s else ("compute",
+                                                                              compute_s)
+            if comm_l > top:
+                bound, top = "comm", comm_l
+            if overhead >= top:
+                bound = "overhead"
+            return seconds, (t2 * L + f2) * tp, (t3 * L + b2) * tp, bound
+
+        fn.append(decode_step)
+        return decode_step
+
+    def _decode_constants(self, rows: int) -> tuple[float, ...]:
+        """The parts of ``step`` for ``rows`` decode rows that attention does not touch, as
+        partial sums in ``step``'s order of operations."""
+        p, m, L = self.params, self.model, self.model.num_layers
+        T, lat = float(rows), p.kernel_latency_s
+        overhead = p.per_step_s + p.per_seq_s * rows + p.per_layer_launch_s * L
+        secs: dict[str, float] = {}
+        tally = [0.0, 0.0, 0.0, 0.0]
+
+        def add(name: str, op: tuple[float, float, float, float], kernels: int = 1) -> None:
+            tc, tm, f, b = op
+            t = max(tc, tm) + kernels * lat
+            secs[name] = secs.get(name, 0.0) + t
+            tally[0 if tc > tm else 1] += t
+            tally[2] += f
+            tally[3] += b
+
+        g_qkv, g_o, g_up, g_down = self._gemms
+        add("qkv_proj", self._gemm(T, g_qkv))
+        add("o_proj", self._gemm(T, g_o))
+        if m.is_moe:
+            e, k = m.num_experts, m.top_k
+            touched = e * (1.0 - (1.0 - k / e) ** T)
+            add("mlp", self._gemm(T * k, g_up, touched, T * k / touched))
+            add("mlp", self._gemm(T * k, g_down, touched, T * k / touched))
+        else:
+            add("mlp", self._gemm(T, g_up))
+            add("mlp", self._gemm(T, g_down))
+        before = list(tally)
+        s3 = secs["qkv_proj"] * L + secs["o_proj"] * L + secs["mlp"] * L
+        h = m.hidden_size
+        elem = T * _ACT_BYTES * (6 * h + self._q_bytes_tok / _ACT_BYTES + 3 * g_down.k)
+        t_norm = max(0.0, elem / self._bw) + 4 * lat
+        comm = 0.0
+        if self.tp > 1:
+            msg = T * h * _ACT_BYTES
+            comm = 2 * (self._alpha + 2 * (self.tp - 1) / self.tp * msg / self._bus)
+        tally[:] = [0.0, 0.0, 0.0, 0.0]
+        secs.clear()
+        emb = T * h * self._wb
+        add("embedding", (0.0, emb / self._bw, 0.0, emb))
+        add("lm_head", self._gemm(float(rows), _Gemm("lm_head", m.vocab_size / self.tp, h)))
+        return (s3, *before, p.attention_latency_s + lat, t_norm, elem, t_norm * L, comm * L,
+                secs["embedding"], secs["lm_head"], overhead, *tally)
 
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """Successive pure-decode steps in numpy: only attention changes as contexts grow.

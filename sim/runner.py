@@ -96,7 +96,8 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str) -> d
     meta = {"version": sim.__version__, "config_hash": rid, "seed": config["seed"]}
     write_table(folder / "requests", res.requests, meta)
     write_table(folder / "steps", res.steps, meta)
-    itl = np.asarray(res.irregular_itl, dtype=float)
+    gaps, counts = res.irregular_itl_runs  # one row per run: (gap seconds, tokens)
+    itl = np.column_stack([np.asarray(gaps, dtype=float), np.asarray(counts, dtype=float)])
 
     def save_itl(path: Path) -> None:
         with path.open("wb") as fh:

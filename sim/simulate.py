@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import simpy
 
@@ -19,8 +20,9 @@ from policies import make_policy
 from policies.registry import Policy
 from sim.cost import CostModel
 from sim.engine import Replica
+from sim.fastpath import fast_path_blocker, run_continuous
 from sim.kv import UNLIMITED_BLOCKS, KVConfig
-from sim.metrics import StepLog, request_table, summarize
+from sim.metrics import StepLog, request_frame, request_table, summarize
 from sim.state import Seq
 from sim.types import Request
 
@@ -32,13 +34,25 @@ KV_KEYS = ("num_blocks", "block_size", "allocator", "reserve_tokens",
 
 @dataclass
 class SimResult:
-    """What one simulation produced."""
+    """What one simulation produced.
+
+    ``irregular_itl_runs`` are the inter-token gaps that are not one step's duration (the
+    per-step ones are the steps table's ``duration_s`` × ``num_regular_itl``), run-length
+    encoded as ``(gaps, counts)``; ``irregular_itl`` lists them one per token.
+    """
 
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict[str, Any]
-    irregular_itl: list[float] = field(default_factory=list)
+    irregular_itl_runs: tuple[np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.empty(0), np.empty(0, dtype=np.int64)))
     kv: KVConfig | None = None
+
+    @property
+    def irregular_itl(self) -> list[float]:
+        """The irregular inter-token gaps, one entry per token, in the order they came."""
+        gaps, counts = self.irregular_itl_runs
+        return np.repeat(gaps, counts).tolist()
 
 
 def resolve_kv(kv: Mapping[str, Any] | KVConfig | None, cost: CostModel) -> KVConfig:
@@ -112,7 +126,7 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
              slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
              checks: bool = False, event_skipping: bool = True,
              wall_clock_s: float | None = None,
-             max_model_len: int | None | str = "model") -> SimResult:
+             max_model_len: int | None | str = "model", fast_path: bool = True) -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
 
     ``policy`` is a registry spec such as ``{"name": "continuous", "max_num_seqs": 64}``;
@@ -124,6 +138,8 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     end a run early; its summary then says ``partial: True``. ``max_model_len`` rejects
     requests whose prompt + output exceed it (vLLM's context limit); ``"model"`` takes the cost
     model's ``model.max_position_embeddings`` when it has one, ``None`` means no limit.
+    ``fast_path`` lets a run the exact fast path covers (``sim.fastpath``: continuous batching
+    in vLLM mode, paged KV, one replica) use it; ``False`` forces the general engine.
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
@@ -134,30 +150,28 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     kv_config = resolve_kv(kv, cost)
     if max_model_len == "model":
         max_model_len = getattr(getattr(cost, "model", None), "max_position_embeddings", None)
-    seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
     log = StepLog()
-    env = simpy.Environment()
     # Policies keep per-replica state (a static batch in flight): one instance per replica.
     policies = [make_policy(policy if k == 0 or not isinstance(policy, Policy)
                             else copy.deepcopy(policy)) for k in range(num_replicas)]
-    replicas: list[Replica] = []
-    for k in range(num_replicas):
-        mine = reqs[k::num_replicas]
-        rep = Replica(k, mine, policies[k], cost, kv_config, log, seqs, checks=checks,
-                      horizon_s=horizon_s, skip=event_skipping, max_model_len=max_model_len)
-        replicas.append(rep)
-        env.process(rep.process(env))
-    if wall_clock_s is not None:  # the budget covers the event loop, not the setup above
-        deadline = time.perf_counter() + wall_clock_s
-        for rep in replicas:
-            rep.deadline = deadline
-    env.run()
+    deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
+    if fast_path and not fast_path_blocker(policies[0], kv_config, cost,
+                                           num_replicas=num_replicas, checks=checks,
+                                           event_skipping=event_skipping):
+        out = run_continuous(reqs, policies[0], cost, kv_config, log,
+                             max_model_len=max_model_len, horizon_s=horizon_s,
+                             deadline=deadline)
+        table = _fast_request_table(reqs, out)
+    else:
+        table = _run_engine(reqs, policies, cost, kv_config, log, checks=checks,
+                            horizon_s=horizon_s, event_skipping=event_skipping,
+                            max_model_len=max_model_len, deadline=deadline)
     steps = log.table()
     if num_replicas > 1 and len(steps):
         steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
-    table = request_table(sorted(seqs.values(), key=lambda s: s.req.id))
+    gaps, at, counts = log.irregular_runs()
     summary = summarize(
-        table, steps, (log.irregular_itl, log.irregular_itl_at),
+        table, steps, (gaps, at, counts),
         peak_flops=getattr(cost, "peak_flops", None),
         peak_bytes_per_s=getattr(cost, "peak_bytes_per_s", None),
         slot_capacity=policies[0].slot_capacity, num_replicas=num_replicas,
@@ -166,4 +180,50 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
         kv_block_size=kv_config.block_size)
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
-    return SimResult(table, steps, summary, log.irregular_itl, kv_config)
+    return SimResult(table, steps, summary, (gaps, counts), kv_config)
+
+
+def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv: KVConfig,
+                log: StepLog, *, checks: bool, horizon_s: float | None, event_skipping: bool,
+                max_model_len: int | None, deadline: float | None) -> pd.DataFrame:
+    """Run the general engine (one SimPy process per replica); return the request table."""
+    num_replicas = len(policies)
+    seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
+    env = simpy.Environment()
+    for k in range(num_replicas):
+        rep = Replica(k, reqs[k::num_replicas], policies[k], cost, kv, log, seqs,
+                      checks=checks, horizon_s=horizon_s, skip=event_skipping,
+                      max_model_len=max_model_len, deadline=deadline)
+        env.process(rep.process(env))
+    env.run()
+    return request_table(sorted(seqs.values(), key=lambda s: s.req.id))
+
+
+def _fast_request_table(reqs: list[Request], out: Any) -> pd.DataFrame:
+    """The request table of a fast-path run (``reqs`` in arrival order), in id order."""
+    n = len(reqs)
+    ids = np.fromiter((r.id for r in reqs), np.int64, n)
+    order = np.argsort(ids, kind="stable")
+    zeros = np.zeros(n, dtype=np.int64)
+
+    def col(values: Any, dtype: Any = float) -> np.ndarray:
+        return np.asarray(values, dtype=dtype)[order]
+
+    columns = {
+        "id": ids[order],
+        "num_preemptions": col(out.num_preemptions, np.int64),
+        "num_prompt_tokens": np.fromiter((r.num_prompt_tokens for r in reqs), np.int64,
+                                         n)[order],
+        "num_output_tokens": np.fromiter((r.num_output_tokens for r in reqs), np.int64,
+                                         n)[order],
+        "num_generated": col(out.num_generated, np.int64),
+        "replica": zeros, "num_swaps": zeros, "num_cached_tokens": zeros,
+        "arrival_s": np.fromiter((r.arrival_s for r in reqs), float, n)[order],
+        "first_scheduled_s": col(out.first_scheduled_s),
+        "first_token_s": col(out.first_token_s),
+        "finish_s": col(out.finish_s),
+        "max_itl_s": col(out.max_itl_s),
+    }
+    status = [out.status[i] for i in order.tolist()]
+    reason = [out.reason[i] for i in order.tolist()]
+    return request_frame(columns, status, reason)

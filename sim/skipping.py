@@ -41,8 +41,8 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float) -> tuple 
         seqs.append(seq)
     reqs = rep.requests
     next_arrival = reqs[rep.next_index].arrival_s if rep.next_index < len(reqs) else math.inf
-    if next_arrival <= now:
-        return None
+    if next_arrival <= now or (rep.horizon_s is not None and now >= rep.horizon_s):
+        return None  # stepping would stop here to take the arrival, or end at the horizon
     k = min(MAX_SKIP_STEPS, min(s.req.num_output_tokens - s.num_generated for s in seqs))
     computed = np.fromiter((s.num_computed for s in seqs), np.int64, len(seqs))
     held = np.fromiter((s.num_blocks for s in seqs), np.int64, len(seqs))
@@ -76,8 +76,10 @@ def commit_skip(rep: Replica, plan: Plan, series: Any, ends: np.ndarray, compute
     """Apply ``len(ends)`` identical decode steps at once and log each of them."""
     k = len(ends)
     pool = rep.pool
-    seconds = series.seconds[:k]
     starts = np.concatenate(([start], ends[:-1]))
+    # A step's duration is its clock interval (end - start), as stepping records it; it can
+    # differ from the cost model's seconds in the last bit once added to the clock.
+    seconds = ends - starts
     bs = pool.config.block_size
     steps = np.arange(1, k + 1)
     grow = np.maximum(-(-(computed[:, None] + steps[None, :]) // bs) - held[:, None], 0)
