@@ -42,6 +42,9 @@ from sim.types import BatchShape, Request
 from sim.validate import EngineError
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
+#: Step columns that are 0 on this path: one replica, no padding, prefix cache or swapping.
+ZERO_COLUMNS = frozenset({"replica", "num_padding_tokens", "num_padding_rows",
+                          "kv_cached_blocks", "swap_s", "swapped_bytes"})
 
 
 def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, num_replicas: int,
@@ -75,14 +78,18 @@ class _Costs:
         fn = getattr(cost, "decode_step_function", None)
         self.decode = fn() if fn is not None else cost.decode_step
         self.uses_min = bool(getattr(cost, "decode_uses_min_context", False))
+        self.prompts = getattr(cost, "prefill_step", None)  # ``step`` of whole prompts
         self._prefill: dict[tuple[int, ...], tuple[float, float, float, str]] = {}
 
     def prefill(self, tokens: tuple[int, ...]) -> tuple[float, float, float, str]:
         """Cost of a step computing these whole prompts (context = tokens) and nothing else."""
         c = self._prefill.get(tokens)
         if c is None:
-            arr = np.asarray(tokens, dtype=np.int64)
-            s = self.cost.step(BatchShape(arr, arr, 0))
+            if self.prompts is not None:
+                s = self.prompts(tokens)
+            else:
+                arr = np.asarray(tokens, dtype=np.int64)
+                s = self.cost.step(BatchShape(arr, arr, 0))
             c = (s.seconds, s.flops, s.bytes, s.bound)
             if len(self._prefill) > 1 << 18:  # bound the memo on adversarial traces
                 self._prefill.clear()
@@ -140,7 +147,7 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
     put_reg, put_live = cols["num_regular_itl"].append, cols["kv_live_tokens"].append
     put_recomp = cols["num_recomputed_tokens"].append
     add_irregular = log.add_irregular_itl
-    steps_before = len(log)
+    log.zero_columns = ZERO_COLUMNS
 
     waiting: deque[int] = deque()
     preempted: list[int] = []  # a stack: the newest preempted request is admitted first
@@ -213,6 +220,79 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
         while heap[0][2] != epoch[heap[0][1]]:
             heappop(heap)
         return heap[0][0]
+
+    def record(start: float, end: float, num_seqs: int, num_prefill: int, num_decode: int,
+               recomputed: int, held: int, flops: float, nbytes: float, bound: str,
+               regular: int, live: int) -> None:
+        """Append one step to the log (the columns ``ZERO_COLUMNS`` leaves out)."""
+        put_start(start)
+        put_dur(end - start)
+        put_seqs(num_seqs)
+        put_pf(num_prefill)
+        put_dec(num_decode)
+        put_recomp(recomputed)
+        put_wait(len(waiting) + len(preempted) + len(over_budget))
+        put_used(held)
+        put_flops(flops)
+        put_bytes(nbytes)
+        put_bound(bound)
+        put_reg(regular)
+        put_live(live)
+
+    def preempt_newest(need: int, now: float) -> int:
+        """The policy's ``grow_running``: preempt the newest running requests until the
+        blocks the others need at this decode fit; return the blocks still needed."""
+        free = num_blocks - used
+        victims = []
+        while need > free:  # running is never emptied: see ``Replica.settle``
+            v, _ = running.popitem()
+            c = key[v] + G
+            if c % bs == 0:
+                need -= 1
+            free += -(-c // bs)
+            victims.append(v)
+            for _, members in reversed(groups):  # the newest admitted is last here
+                if members:
+                    if members[-1] == v:
+                        members.pop()
+                    break
+        for v in victims:
+            leave(v)
+            npre[v] += 1
+            if limit is not None and npre[v] > limit:
+                reject(v, now, f"preempted {npre[v]} time{'s' if npre[v] > 1 else ''} "
+                               f"(kv.max_preemptions={limit})")
+                continue
+            status[v] = WAITING
+            (over_budget if prompt[v] + gen[v] > max_tokens else preempted).append(v)
+        if not running:
+            raise EngineError(f"fast path: preemption emptied the batch at t={now:.6f}s")
+        return need
+
+    def first_decode_gaps(end: float, start: float, rows: int) -> int:
+        """The first decode after prefill steps: log the gaps that are not this step's
+        duration (decodes that waited, requests admitted before the last prefill), update the
+        new requests' longest gap; return how many tokens came one step after the last."""
+        regular = rows
+        fresh = 0
+        for _, members in groups:
+            fresh += len(members)
+        old = rows - fresh
+        if old:
+            regular -= old
+            add_irregular(end, end - last_decode_end, old)
+        for gend, members in groups:
+            if not members:
+                continue
+            gap = end - gend
+            for i in members:
+                if gap > max_itl[i]:
+                    max_itl[i] = gap
+            if gend != start:
+                regular -= len(members)
+                add_irregular(end, gap, len(members))
+        groups.clear()
+        return regular
 
     now, nxt = 0.0, 0
     while True:
@@ -307,101 +387,73 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
                     admit_running(i, tokens, end)
                     members.append(i)
             groups.append((end, members))
-            put_seqs(len(admitted))
-            put_pf(sum(sizes))
-            put_dec(0)
-            put_recomp(recomputed)
+            record(now, end, len(admitted), sum(sizes), 0, recomputed, held, flops, nbytes,
+                   bound, regular, live)
+            now = end
         elif num_running:
-            # -- decode every running request; preempt the newest while blocks run short ----
-            need = residues[-G % bs]
-            free = num_blocks - used
-            victims: list[int] = []
-            while need > free:  # running is never emptied: see ``Replica.settle``
-                v, _ = running.popitem()
-                c = key[v] + G
-                if c % bs == 0:
-                    need -= 1
-                free += -(-c // bs)
-                victims.append(v)
-                for _, members in reversed(groups):  # the newest admitted is last here
-                    if members:
-                        if members[-1] == v:
-                            members.pop()
-                        break
-            for v in victims:
-                leave(v)
-                if limit is not None and npre[v] >= limit:
-                    npre[v] += 1
-                    reject(v, now, f"preempted {npre[v]} time{'s' if npre[v] > 1 else ''} "
-                                   f"(kv.max_preemptions={limit})")
-                    continue
-                npre[v] += 1
-                status[v] = WAITING
-                (over_budget if prompt[v] + gen[v] > max_tokens else preempted).append(v)
-            rows = len(running)
-            if not rows:
-                raise EngineError(f"fast path: preemption emptied the batch at t={now:.6f}s")
-            used += need
-            entry = max_heap[0]
-            if entry[2] != epoch[entry[1]]:
-                top(max_heap)
+            # -- decode steps, back to back while no arrival, queue, horizon or budget can
+            # change the plan: every running request decodes one token per step ------------
+            while True:
+                need = residues[-G % bs]
+                if need > num_blocks - used:
+                    need = preempt_newest(need, now)
+                rows = len(running)
+                used += need
+                held = used
                 entry = max_heap[0]
-            c_max = G + 1 - entry[0]
-            c_min = G + 1 + top(min_heap) if uses_min else c_max
-            secs, flops, nbytes, bound = decode_cost(rows, key_sum + rows * (G + 1), c_min,
-                                                     c_max)
-            end = now + secs
-            G += 1
-            held = used
-            regular = rows
-            if groups:  # prefill steps ran since the last decode: some gaps are irregular
-                fresh = 0
-                for _, members in groups:
-                    fresh += len(members)
-                old = rows - fresh
-                if old:
-                    regular -= old
-                    add_irregular(end, end - last_decode_end, old)
-                for gend, members in groups:
-                    if not members:
+                if entry[2] != epoch[entry[1]]:
+                    top(max_heap)
+                    entry = max_heap[0]
+                c_max = G + 1 - entry[0]
+                secs, flops, nbytes, bound = decode_cost(
+                    rows, key_sum + rows * (G + 1), G + 1 + top(min_heap) if uses_min
+                    else c_max, c_max)
+                end = now + secs
+                G += 1
+                regular = first_decode_gaps(end, now, rows) if groups else rows
+                if G >= 2:
+                    gap = end - last_decode_end
+                    while gap_val and gap_val[-1] <= gap:
+                        gap_val.pop()
+                        gap_idx.pop()
+                    gap_idx.append(G)
+                    gap_val.append(gap)
+                last_decode_end = end
+                live = key_sum + rows * G
+                while fin_heap and fin_heap[0][0] <= G:
+                    _, i, ep = heappop(fin_heap)
+                    if ep != epoch[i]:
                         continue
-                    gap = end - gend
-                    for i in members:
-                        if gap > max_itl[i]:
-                            max_itl[i] = gap
-                    if gend != start:
-                        regular -= len(members)
-                        add_irregular(end, gap, len(members))
-                groups.clear()
-            if G >= 2:
-                gap = end - last_decode_end
-                while gap_val and gap_val[-1] <= gap:
-                    gap_val.pop()
-                    gap_idx.pop()
-                gap_idx.append(G)
-                gap_val.append(gap)
-            last_decode_end = end
-            live = key_sum + rows * G
-            while fin_heap and fin_heap[0][0] <= G:
-                _, i, ep = heappop(fin_heap)
-                if ep != epoch[i]:
-                    continue
-                del running[i]
-                leave(i)
-                status[i] = FINISHED
-                finish[i] = end
-            # c_max is the longest context now (or more, if its request just finished)
-            while c_max >= capacity and running and G - top(max_heap) >= capacity:
-                i = max_heap[0][1]
-                if -(-(key[i] + G + 1) // bs) <= num_blocks:
+                    del running[i]
+                    leave(i)
+                    status[i] = FINISHED
+                    finish[i] = end
+                # c_max is the longest context now (or more, if its request just finished)
+                while c_max >= capacity and running and G - top(max_heap) >= capacity:
+                    i = max_heap[0][1]
+                    if -(-(key[i] + G + 1) // bs) <= num_blocks:
+                        break
+                    del running[i]
+                    leave(i)
+                    reject(i, end, "context outgrew the KV cache")
+                put_start(now)  # ``record``, inlined: once per decode step
+                put_dur(end - now)
+                put_seqs(rows)
+                put_pf(0)
+                put_dec(rows)
+                put_recomp(0)
+                put_wait(len(waiting) + len(preempted) + len(over_budget))
+                put_used(held)
+                put_flops(flops)
+                put_bytes(nbytes)
+                put_bound(bound)
+                put_reg(regular)
+                put_live(live)
+                now = end
+                if (waiting or preempted or over_budget or not running or deadline is not None
+                        or (nxt < n and arrival[nxt] <= now)
+                        or (horizon_s is not None and now >= horizon_s)):
                     break
-                del running[i]
-                leave(i)
-                reject(i, end, "context outgrew the KV cache")
-            put_seqs(rows)
-            put_pf(0)
-            put_dec(rows)
-            put_recomp(0)
         else:  # nothing admitted and nothing running: wait for the next arrival
             if nxt >= n:
                 queued = len(waiting) + len(preempted)
@@ -409,23 +461,6 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
                     f"policy {policy.name!r} stalled at t={now:.6f}s: empty plan, no wake_at_s,"
                     f" no arrivals left, {queued} waiting and 0 running")
             now = arrival[nxt]
-            continue
-        put_start(start)
-        put_dur(end - start)
-        put_wait(len(waiting) + len(preempted) + len(over_budget))
-        put_used(held)
-        put_flops(flops)
-        put_bytes(nbytes)
-        put_bound(bound)
-        put_reg(regular)
-        put_live(live)
-        now = end
-    # columns that are constant on this path, appended in bulk
-    k = len(log) - steps_before
-    for name in ("replica", "num_padding_tokens", "num_padding_rows", "kv_cached_blocks"):
-        cols[name].extend([0] * k)
-    for name in ("swap_s", "swapped_bytes"):
-        cols[name].extend([0.0] * k)
     for i in running:  # cut short (horizon, wall clock): materialize who is still running
         leave(i)
     return res

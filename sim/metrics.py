@@ -61,6 +61,9 @@ class StepLog:
     """
 
     cols: dict[str, Any] = field(default_factory=_new_columns)
+    #: Columns that are 0 in every row and so never appended to (a fast path's padding and
+    #: swap columns): ``table()`` makes them with ``np.zeros``, whose pages stay unallocated.
+    zero_columns: frozenset[str] = frozenset()
     irregular_itl: array = field(default_factory=lambda: array("d"))
     irregular_itl_at: array = field(default_factory=lambda: array("d"))
     irregular_itl_count: array = field(default_factory=lambda: array("q"))
@@ -140,10 +143,15 @@ class StepLog:
         c = self.cols
         if not len(self):  # keep the dtypes an empty table always had
             return pd.DataFrame({k: [] for k in STEP_COLUMNS}, columns=list(STEP_COLUMNS))
+        n = len(self)
         data = {k: (v if k == "bound" else
+                    np.zeros(n, dtype=np.float64 if v.typecode == "d" else np.int64)
+                    if k in self.zero_columns else
                     np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64))
                 for k, v in c.items()}
-        return pd.DataFrame(data, columns=list(STEP_COLUMNS))
+        # copy=False: the columns stay views of the log's arrays (no second copy of a
+        # multi-million-step table); the log is not appended to once its table exists
+        return pd.DataFrame(data, columns=list(STEP_COLUMNS), copy=False)
 
 
 def request_table(seqs: list) -> pd.DataFrame:
@@ -267,7 +275,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
         last = steps["start_s"].to_numpy(float) + steps["duration_s"].to_numpy(float)
         end = max(end, float(last.max()))
     duration = max(end - (float(win["arrival_s"].min()) if len(win) else 0.0), 0.0)
-    st = steps[(steps["start_s"] >= t0) & (steps["start_s"] <= end)] if len(steps) else steps
+    st = steps
+    if len(steps):
+        inside = (steps["start_s"] >= t0) & (steps["start_s"] <= end)
+        if not inside.all():  # a copy only when a warm-up or cool-down cuts steps out
+            st = steps[inside]
     out_tokens = float(done["num_output_tokens"].sum())
     in_tokens = float(done["num_prompt_tokens"].sum())
     per = duration if duration > 0 else float("nan")

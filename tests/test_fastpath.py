@@ -6,7 +6,8 @@ step table, irregular inter-token gaps and summary, bit for bit, as the general 
 its per-step invariant checks on. Random traces push it through KV preemption, the
 ``max_preemptions`` limit, prompts over the token budget, ``max_model_len`` rejections,
 contexts outgrowing the cache, the watermark and the horizon. Its decode costs come from
-``decode_step``, which must equal ``step`` on every pure-decode batch of every GPU and model.
+``decode_step`` and its prefill costs from ``prefill_step``, which must equal ``step`` on every
+pure-decode batch and every batch of whole prompts, on every GPU and model.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def assert_same_run(fast: sim.SimResult, slow: sim.SimResult) -> None:
 
 # -- decode costs from aggregates --------------------------------------------------------------
 @pytest.mark.parametrize("gpu", GPUS)
-def test_decode_step_equals_step_on_every_model(gpu):
+def test_decode_and_prefill_steps_equal_step_on_every_model(gpu):
     rng = np.random.default_rng(sum(map(ord, gpu)))
     for model in MODELS:
         for tp in (1, 2, 8):
@@ -60,7 +61,14 @@ def test_decode_step_equals_step_on_every_model(gpu):
                 if cost.model.sliding_window is not None:
                     with pytest.raises(ValueError, match="sliding-window"):
                         cost.decode_step(1, 1, 1, 1)
+                    with pytest.raises(ValueError, match="sliding-window"):
+                        cost.prefill_step((5,))
                     continue
+                for rows in (1, 2, 3, 5):  # a prefill step's whole prompts
+                    prompts = rng.integers(1, 5000, rows) * (rng.random(rows) < 0.8) + 1
+                    want = cost.step(BatchShape(prompts, prompts))
+                    got = cost.prefill_step(tuple(int(n) for n in prompts))
+                    assert got == want, (model, tp, overrides, prompts)
                 for rows in (1, 2, 7, 64, 255):
                     ctx = rng.integers(1, 30_000, rows)
                     want = cost.step(BatchShape(np.ones(rows, dtype=np.int64), ctx))
