@@ -292,45 +292,70 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
         "output_throughput": out_tokens / per,
         "total_token_throughput": (out_tokens + in_tokens) / per,
     }
-    samples = {
-        "ttft": (done["ttft_s"].to_numpy(float), None),
-        "tpot": (done["tpot_s"].to_numpy(float), None),
-        "e2el": (done["e2e_s"].to_numpy(float), None),
-        "itl": _windowed_itl(st, gaps, at, counts, len(steps) > 0, t0, end),
-    }
+    s.update(_latency_stats(done, st, gaps, at, counts, len(steps) > 0, t0, end))
+    # each block's per-step temporaries are freed before the next (a 5M-step run's column
+    # is 40 MB; all of them at once would double the run's peak memory)
+    s.update(_step_metrics(st, win, duration * num_replicas, peak_flops, peak_bytes_per_s,
+                           slot_capacity, kv_total_blocks))
+    s.update(kv_summary(win, done, st, kv_total_blocks, kv_block_size))
+    s["num_steps"] = int(len(st))
+    if slos:
+        s.update(slo_attainment(done, len(win), slos, per))
+    return s
+
+
+def _latency_stats(done: pd.DataFrame, st: pd.DataFrame, gaps: np.ndarray,
+                   at: np.ndarray | None, counts: np.ndarray | None, any_steps: bool,
+                   t0: float, end: float) -> dict[str, float]:
+    """Mean, median, p90, p99 of TTFT, TPOT, ITL and E2E latency in milliseconds."""
+    out = {}
     for metric in LATENCIES:
-        vals, w = samples[metric]
+        if metric == "itl":
+            vals, w = _windowed_itl(st, gaps, at, counts, any_steps, t0, end)
+        else:
+            vals, w = done[f"{metric if metric != 'e2el' else 'e2e'}_s"].to_numpy(float), None
         for stat, v in _stats(vals, w).items():
-            s[f"{stat}_{metric}_ms"] = float(v)
+            out[f"{stat}_{metric}_ms"] = float(v)
+        del vals, w
+    return out
+
+
+def _step_metrics(st: pd.DataFrame, win: pd.DataFrame, span: float, peak_flops: float | None,
+                  peak_bytes_per_s: float | None, slot_capacity: int | None,
+                  kv_total_blocks: int | None) -> dict[str, float]:
+    """Busy fraction, MFU, MBU, slot use, padding, batch size and KV usage of the steps in
+    the window; ``span`` is the window's duration × replicas."""
+    s: dict[str, float] = {}
     dur = st["duration_s"].to_numpy(float)
     busy = float(dur.sum())
-    rows = st["num_seqs"].to_numpy(float)
-    pad_rows = st["num_padding_rows"].to_numpy(float)
+    s["busy_fraction"] = busy / span if span > 0 else float("nan")
     real_tok = (st["num_prefill_tokens"] + st["num_decode_tokens"]).to_numpy(float)
     pad_tok = st["num_padding_tokens"].to_numpy(float)
     all_tok = real_tok + pad_tok
-    span = duration * num_replicas
-    s["busy_fraction"] = busy / span if span > 0 else float("nan")
     useful = np.divide(real_tok, all_tok, out=np.zeros_like(real_tok), where=all_tok > 0)
+    del real_tok
     flops = float((st["flops"].to_numpy(float) * useful).sum())
+    del useful
     s["mfu"] = flops / (span * peak_flops) if peak_flops and span > 0 else float("nan")
     nbytes = float(st["bytes"].to_numpy(float).sum())
     s["mbu"] = nbytes / (span * peak_bytes_per_s) if peak_bytes_per_s and span > 0 \
         else float("nan")
+    s["padding_fraction"] = float(pad_tok.sum() / all_tok.sum()) if all_tok.sum() > 0 else 0.0
+    del pad_tok, all_tok
+    rows = st["num_seqs"].to_numpy(float)
+    pad_rows = st["num_padding_rows"].to_numpy(float)
     slots = slot_capacity if slot_capacity else np.maximum(rows + pad_rows, 1)
+    del pad_rows
     s["slot_utilization"] = float((dur * rows / slots).sum() / busy) if busy > 0 \
         else float("nan")
-    s["padding_fraction"] = float(pad_tok.sum() / all_tok.sum()) if all_tok.sum() > 0 else 0.0
+    del slots
     s["mean_batch_size"] = float(rows.mean()) if len(rows) else 0.0
+    del rows
     s["num_preemptions"] = int(win["num_preemptions"].sum())
     s["max_kv_usage"] = (float(st["kv_used_blocks"].max()) / kv_total_blocks
                          if kv_total_blocks and len(st) else float("nan"))
     s["mean_kv_usage"] = (float((st["kv_used_blocks"].to_numpy(float) * dur).sum() / busy)
                           / kv_total_blocks if kv_total_blocks and busy > 0 else float("nan"))
-    s.update(kv_summary(win, done, st, kv_total_blocks, kv_block_size))
-    s["num_steps"] = int(len(st))
-    if slos:
-        s.update(slo_attainment(done, len(win), slos, per))
     return s
 
 
