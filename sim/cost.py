@@ -111,6 +111,11 @@ class ConstantCost(_ShapeCost):
         ``RooflineCost.decode_step``): always ``step_s``."""
         return self.step_s, 0.0, 0.0, "constant"
 
+    def decode_series(self, rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """``k`` successive ``decode_step`` results as arrays."""
+        return _flat_decode(self.decode_step(rows, kv_tokens, c_min, c_max), k)
+
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """``num_steps`` copies of ``step_s``."""
         return self._flat_series(shape, num_steps)
@@ -144,6 +149,18 @@ class LinearCost(_ShapeCost):
                     ) -> tuple[float, float, float, str]:
         """``(seconds, flops, bytes, bound)`` of ``rows`` one-token decodes, as ``step``."""
         return self.base_s + self.per_token_s * rows + self.per_seq_s * rows, 0.0, 0.0, "linear"
+
+    def decode_series(self, rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """``k`` successive ``decode_step`` results as arrays (context does not enter)."""
+        return _flat_decode(self.decode_step(rows, kv_tokens, c_min, c_max), k)
+
+
+def _flat_decode(cost: tuple[float, float, float, str], k: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """``k`` copies of one ``decode_step`` result, as ``decode_series`` returns them."""
+    seconds, flops, nbytes, bound = cost
+    return np.full(k, seconds), np.full(k, flops), np.full(k, nbytes), [bound] * k
 
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """Context length does not enter the linear model: a flat series."""

@@ -37,11 +37,13 @@ import numpy as np
 from policies.continuous import ContinuousBatching
 from sim.engine import never_fits
 from sim.kv import KVConfig
-from sim.metrics import StepLog
+from sim.metrics import StepLog, extend_column
 from sim.types import BatchShape, Request
 from sim.validate import EngineError
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
+#: Decode steps one numpy stretch covers at most / at least (below it, stepping is faster).
+MAX_STRETCH, MIN_STRETCH = 4096, 40
 #: Step columns that are 0 on this path: one replica, no padding, prefix cache or swapping.
 ZERO_COLUMNS = frozenset({"replica", "num_padding_tokens", "num_padding_rows",
                           "kv_cached_blocks", "swap_s", "swapped_bytes"})
@@ -161,6 +163,9 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
     used = 0  # blocks held (paged, nothing shared: what policies see as used too)
     G = 0  # decode steps so far
     last_decode_end = math.nan
+    last_secs = math.inf  # the last decode step's duration: guesses whether a stretch pays
+    decode_series = getattr(cost, "decode_series", None)
+    can_stretch = decode_series is not None and deadline is None
     gap_idx: list[int] = []  # monotonic stack of (decode index, gap to the previous decode)
     gap_val: list[float] = []
     groups: list[tuple[float, list[int]]] = []  # prefill steps since the last decode step
@@ -294,6 +299,77 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
         groups.clear()
         return regular
 
+    def finish_due(end: float) -> None:
+        """Release the requests whose last token came at the end of decode step ``G``."""
+        while fin_heap and fin_heap[0][0] <= G:
+            _, i, ep = heappop(fin_heap)
+            if ep != epoch[i]:
+                continue
+            del running[i]
+            leave(i)
+            status[i] = FINISHED
+            finish[i] = end
+
+    def decode_stretch(now: float) -> float | None:
+        """Exact event skipping: run the decode steps up to the next finish, arrival,
+        horizon or KV shortfall in numpy (``cost.decode_series``) and log each of them as
+        stepping would; return the end of the last, or ``None`` when too few steps are
+        ahead for numpy to pay."""
+        nonlocal G, used, last_decode_end, last_secs
+        rows = len(running)
+        top(fin_heap)
+        k = min(fin_heap[0][0] - G, MAX_STRETCH,
+                capacity - 1 + top(max_heap) - G)  # no context reaches the cache's size
+        limit = arrival[nxt] if nxt < n else math.inf
+        if horizon_s is not None and horizon_s < limit:
+            limit = horizon_s
+        ahead = (limit - now) / last_secs  # steps until the next arrival, roughly
+        if k < MIN_STRETCH or ahead < MIN_STRETCH:
+            return None
+        if ahead < k:  # steps lengthen as contexts grow: a margin, then trim exactly below
+            k = min(k, int(ahead * 1.25) + 8)
+        js = np.arange(k, dtype=np.int64)
+        grown = np.cumsum(np.asarray(residues)[(-(G + js)) % bs])  # blocks taken by step j
+        free = num_blocks - used
+        if grown[-1] > free:  # stepping would preempt at the first step past the free blocks
+            k = int(np.searchsorted(grown, free, side="right"))
+            if k < MIN_STRETCH:
+                return None
+        c_max = G + 1 - max_heap[0][0]
+        c_min = G + 1 + top(min_heap) if uses_min else c_max
+        secs, flops, nbytes, bounds = decode_series(rows, key_sum + rows * (G + 1), c_min,
+                                                    c_max, k)
+        ends = np.cumsum(np.concatenate(([now], secs[:k])))[1:]  # the clock, as stepping adds
+        if ends[-1] >= limit:
+            k = int(np.searchsorted(ends, limit, side="left")) + 1
+            ends = ends[:k]
+        starts = np.concatenate(([now], ends[:-1]))
+        durations = ends - starts
+        steps = js[:k] + (G + 1)  # decode indices of these steps
+        for name, values in (("start_s", starts), ("duration_s", durations),
+                             ("num_seqs", rows), ("num_prefill_tokens", 0),
+                             ("num_decode_tokens", rows), ("num_recomputed_tokens", 0),
+                             ("num_waiting", 0), ("kv_used_blocks", used + grown[:k]),
+                             ("flops", flops), ("bytes", nbytes), ("num_regular_itl", rows),
+                             ("kv_live_tokens", key_sum + rows * steps)):
+            extend_column(cols[name], values, k)
+        cols["bound"].extend(bounds[:k])
+        # the decode-to-decode gaps join the monotonic stack: a new gap stays if it is larger
+        # than every later one, an old entry if it is larger than all of them
+        later = np.maximum.accumulate(durations[::-1])[::-1]
+        keep = np.append(durations[:-1] > later[1:], True)
+        largest = later[0]
+        while gap_val and gap_val[-1] <= largest:
+            gap_val.pop()
+            gap_idx.pop()
+        gap_idx.extend(steps[keep].tolist())
+        gap_val.extend(durations[keep].tolist())
+        G += k
+        used += int(grown[k - 1])
+        last_decode_end = float(ends[-1])
+        last_secs = float(durations[-1])
+        return last_decode_end
+
     now, nxt = 0.0, 0
     while True:
         if horizon_s is not None and now >= horizon_s:
@@ -394,6 +470,19 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
             # -- decode steps, back to back while no arrival, queue, horizon or budget can
             # change the plan: every running request decodes one token per step ------------
             while True:
+                if (can_stretch and fin_heap[0][0] - G >= MIN_STRETCH
+                        and (nxt >= n or arrival[nxt] - now >= MIN_STRETCH * last_secs)
+                        and not (groups or waiting or preempted or over_budget)):
+                    end = decode_stretch(now)  # a cheap pre-check above: most steps are near
+                    # an arrival or a finish, and numpy only pays over long stretches
+                    if end is not None:  # many steps at once, up to a finish or arrival
+                        if fin_heap and fin_heap[0][0] <= G:
+                            finish_due(end)
+                        now = end
+                        if (not running or (nxt < n and arrival[nxt] <= now)
+                                or (horizon_s is not None and now >= horizon_s)):
+                            break
+                        continue
                 need = residues[-G % bs]
                 if need > num_blocks - used:
                     need = preempt_newest(need, now)
@@ -408,6 +497,7 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
                 secs, flops, nbytes, bound = decode_cost(
                     rows, key_sum + rows * (G + 1), G + 1 + top(min_heap) if uses_min
                     else c_max, c_max)
+                last_secs = secs
                 end = now + secs
                 G += 1
                 regular = first_decode_gaps(end, now, rows) if groups else rows
@@ -420,14 +510,8 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
                     gap_val.append(gap)
                 last_decode_end = end
                 live = key_sum + rows * G
-                while fin_heap and fin_heap[0][0] <= G:
-                    _, i, ep = heappop(fin_heap)
-                    if ep != epoch[i]:
-                        continue
-                    del running[i]
-                    leave(i)
-                    status[i] = FINISHED
-                    finish[i] = end
+                if fin_heap and fin_heap[0][0] <= G:
+                    finish_due(end)
                 # c_max is the longest context now (or more, if its request just finished)
                 while c_max >= capacity and running and G - top(max_heap) >= capacity:
                     i = max_heap[0][1]

@@ -41,7 +41,7 @@ def _new_columns() -> dict[str, Any]:
             for c in STEP_COLUMNS}
 
 
-def _put(col: array, values: Any, k: int) -> None:
+def extend_column(col: array, values: Any, k: int) -> None:
     """Append ``k`` values (a scalar repeated, or an array) to a typed column without boxing."""
     if isinstance(values, np.ndarray):
         dtype = np.float64 if col.typecode == "d" else np.int64
@@ -132,7 +132,7 @@ class StepLog:
                 ("num_padding_rows", num_padding_rows), ("num_waiting", num_waiting),
                 ("kv_used_blocks", kv_used), ("flops", series.flops),
                 ("bytes", series.bytes), ("num_regular_itl", regular_itl)):
-            _put(c[name], value, k)
+            extend_column(c[name], value, k)
         c["bound"].extend(series.bound[:k])
 
     def __len__(self) -> int:

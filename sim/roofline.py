@@ -33,6 +33,7 @@ from sim.hardware import (
 from sim.types import BatchShape, StepCost
 
 _ACT_BYTES = 2.0  # activations stay bf16/fp16 whatever the weight format
+_BOUND_NAMES = np.array(["compute", "memory", "comm", "overhead"], dtype=object)
 
 
 @dataclass(frozen=True)
@@ -484,9 +485,10 @@ class RooflineCost(_ShapeCost):
             if k is None:
                 k = consts[rows] = make(rows)
             (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s,
-             overhead, c2, m2, f2, b2) = k
+             overhead, c2, m2, f2, b2, rows_row_tok, rows_kq, memory_if_compute,
+             compute_if_memory) = k
             f = fpp * kv_tokens
-            b = kvt * (kv_tokens + rows * row_tok) + rows * (kvt + q_bytes)
+            b = kvt * (kv_tokens + rows_row_tok) + rows_kq
             c = float(c_max)  # ``unit(c)``, inlined: this runs once per simulated step
             tc = fpp * c / peak_att
             tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
@@ -499,18 +501,17 @@ class RooflineCost(_ShapeCost):
             tm = b / att_bw + g
             tc += tail
             tm += tail
-            t = max(tc, tm)  # + 0 kernel latencies, as ``step`` adds them
+            # the attention op joins the compute or the memory tally, as in ``step``; the
+            # other tally is then the same for every step with this many rows
             if tc > tm:
-                t0 += t
+                t = tc
+                compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
             else:
-                t1 += t
-            t1 += att_lat
-            t1 += t_norm
+                t = tm
+                compute_s, memory_s = compute_if_memory, ((t1 + t) + att_lat + t_norm) * L + m2
             t2 += f
-            t2 += 0.0
             t3 += b
             t3 += e_norm
-            compute_s, memory_s = t0 * L + c2, t1 * L + m2
             seconds = s3 + (t + att_lat) * L + norms_l
             if tp > 1:
                 seconds += comm_l
@@ -525,8 +526,63 @@ class RooflineCost(_ShapeCost):
                 bound = "overhead"
             return seconds, (t2 * L + f2) * tp, (t3 * L + b2) * tp, bound
 
+        def decode_series(rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+            """``decode_step`` of ``k`` successive steps (every context one longer per step)
+            as arrays: the same operations elementwise, so the same floats."""
+            consts_k = consts.get(rows)
+            if consts_k is None:
+                consts_k = consts[rows] = make(rows)
+            (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s,
+             overhead, c2, m2, f2, b2, rows_row_tok, rows_kq, memory_if_compute,
+             compute_if_memory) = consts_k
+            j = np.arange(k, dtype=np.int64)
+            kv = kv_tokens + rows * j
+            f = fpp * kv
+            b = kvt * (kv + rows_row_tok) + rows_kq
+            c = (c_max + j).astype(np.float64)
+            tc = fpp * c / peak_att
+            tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
+            slow = np.where(tc > tm, tc, tm) / (hkv * (1.0 + c / split))
+            if uses_min:
+                c = (c_min + j).astype(np.float64)
+                tc = fpp * c / peak_att
+                tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
+                slow = np.maximum(slow, np.where(tc > tm, tc, tm) / (hkv * (1.0 + c / split)))
+            tail = par_half * slow
+            tc = f / peak_att + g
+            tm = b / att_bw + g
+            tc += tail
+            tm += tail
+            compute = tc > tm
+            t = np.where(compute, tc, tm)
+            compute_s = np.where(compute, (t0 + t) * L + c2, compute_if_memory)
+            memory_s = np.where(compute, memory_if_compute, ((t1 + t) + att_lat + t_norm) * L + m2)
+            seconds = s3 + (t + att_lat) * L + norms_l
+            if tp > 1:
+                seconds += comm_l
+            seconds = seconds + emb_s + lm_s + overhead
+            # the bound as ``decode_step`` picks it: 0 compute, 1 memory, 2 comm, 3 overhead
+            code = (memory_s >= compute_s).astype(np.int64)
+            top = np.where(code == 1, memory_s, compute_s)
+            code[comm_l > top] = 2
+            top = np.maximum(top, comm_l) if comm_l > 0 else top
+            code[overhead >= top] = 3
+            bounds = _BOUND_NAMES[code].tolist()
+            return seconds, ((t2 + f) * L + f2) * tp, (((t3 + b) + e_norm) * L + b2) * tp, bounds
+
         fn.append(decode_step)
+        fn.append(decode_series)
         return decode_step
+
+    def decode_series(self, rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """``(seconds, flops, bytes, bounds)`` of ``k`` successive pure-decode steps, the
+        first as ``decode_step(rows, kv_tokens, c_min, c_max)`` and each later one with every
+        context a token longer (``kv_tokens`` + ``rows`` per step): what an exact event skip
+        of a steady decode stretch needs. Elementwise the same as ``decode_step``."""
+        self.decode_step_function()
+        return self._decode_fn[1](rows, kv_tokens, c_min, c_max, k)
 
     def _decode_constants(self, rows: int) -> tuple[float, ...]:
         """The parts of ``step`` for ``rows`` decode rows that attention does not touch, as
@@ -570,8 +626,13 @@ class RooflineCost(_ShapeCost):
         emb = T * h * self._wb
         add("embedding", (0.0, emb / self._bw, 0.0, emb))
         add("lm_head", self._gemm(float(rows), _Gemm("lm_head", m.vocab_size / self.tp, h)))
-        return (s3, *before, p.attention_latency_s + lat, t_norm, elem, t_norm * L, comm * L,
-                secs["embedding"], secs["lm_head"], overhead, *tally)
+        att_lat = p.attention_latency_s + lat
+        c0, m0 = before[0], before[1]
+        return (s3, *before, att_lat, t_norm, elem, t_norm * L, comm * L,
+                secs["embedding"], secs["lm_head"], overhead, *tally,
+                rows * p.attention_row_tokens, rows * (self._kv_bytes_tok_layer
+                                                       + self._q_bytes_tok),
+                ((m0 + att_lat) + t_norm) * L + tally[1], c0 * L + tally[0])
 
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """Successive pure-decode steps in numpy: only attention changes as contexts grow.

@@ -177,3 +177,21 @@ def test_a_wall_clock_budget_ends_a_fast_path_run_as_partial():
     res = sim.simulate(reqs, policy="continuous", cost=sim.ConstantCost(0.01), kv=None,
                        wall_clock_s=0.0)
     assert res.summary["partial"] and res.summary["num_unfinished"] > 0
+
+
+def test_long_decode_stretches_are_skipped_in_numpy_exactly(monkeypatch):
+    # Sparse arrivals and long outputs: most steps lie in stretches of hundreds of decodes,
+    # which the fast path costs with decode_series; the tables must not change by a bit.
+    rng = np.random.default_rng(11)
+    n = 60
+    reqs = [sim.Request(i, float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
+        np.cumsum(rng.exponential(2.0, n)), rng.integers(10, 3000, n),
+        rng.integers(50, 1500, n), strict=True))]
+    calls = []
+    series = type(ROOFLINE).decode_series
+    monkeypatch.setattr(type(ROOFLINE), "decode_series",
+                        lambda self, *a: calls.append(a[-1]) or series(self, *a))
+    kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 3000}}
+    fast = sim.simulate(reqs, **kw)
+    assert sum(calls) > len(fast.steps) // 2  # most steps came from stretches
+    assert_same_run(fast, sim.simulate(reqs, **kw, fast_path=False))
