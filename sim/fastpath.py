@@ -37,13 +37,17 @@ import numpy as np
 from policies.continuous import ContinuousBatching
 from sim.engine import never_fits
 from sim.kv import KVConfig
-from sim.metrics import StepLog, extend_column
+from sim.metrics import StepLog
 from sim.types import BatchShape, Request
 from sim.validate import EngineError
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
 #: Decode steps one numpy stretch covers at most / at least (below it, stepping is faster).
 MAX_STRETCH, MIN_STRETCH = 4096, 40
+#: Step columns this path writes, packed row by row (``StepLog.packed_*``).
+INT_COLUMNS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_recomputed_tokens",
+               "num_waiting", "kv_used_blocks", "num_regular_itl", "kv_live_tokens")
+FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes")
 #: Step columns that are 0 on this path: one replica, no padding, prefix cache or swapping.
 ZERO_COLUMNS = frozenset({"replica", "num_padding_tokens", "num_padding_rows",
                           "kv_cached_blocks", "swap_s", "swapped_bytes"})
@@ -141,15 +145,11 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
     decode_cost, uses_min = costs.decode, costs.uses_min
 
     cols = log.cols
-    put_start, put_dur = cols["start_s"].append, cols["duration_s"].append
-    put_seqs, put_pf = cols["num_seqs"].append, cols["num_prefill_tokens"].append
-    put_dec, put_wait = cols["num_decode_tokens"].append, cols["num_waiting"].append
-    put_used, put_flops = cols["kv_used_blocks"].append, cols["flops"].append
-    put_bytes, put_bound = cols["bytes"].append, cols["bound"].append
-    put_reg, put_live = cols["num_regular_itl"].append, cols["kv_live_tokens"].append
-    put_recomp = cols["num_recomputed_tokens"].append
-    add_irregular = log.add_irregular_itl
     log.zero_columns = ZERO_COLUMNS
+    log.packed_int_columns, log.packed_float_columns = INT_COLUMNS, FLOAT_COLUMNS
+    put_ints, put_floats = log.packed_ints.extend, log.packed_floats.extend
+    put_bound = cols["bound"].append
+    add_irregular = log.add_irregular_itl
 
     waiting: deque[int] = deque()
     preempted: list[int] = []  # a stack: the newest preempted request is admitted first
@@ -229,20 +229,11 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
     def record(start: float, end: float, num_seqs: int, num_prefill: int, num_decode: int,
                recomputed: int, held: int, flops: float, nbytes: float, bound: str,
                regular: int, live: int) -> None:
-        """Append one step to the log (the columns ``ZERO_COLUMNS`` leaves out)."""
-        put_start(start)
-        put_dur(end - start)
-        put_seqs(num_seqs)
-        put_pf(num_prefill)
-        put_dec(num_decode)
-        put_recomp(recomputed)
-        put_wait(len(waiting) + len(preempted) + len(over_budget))
-        put_used(held)
-        put_flops(flops)
-        put_bytes(nbytes)
+        """Append one step to the log (``INT_COLUMNS``, ``FLOAT_COLUMNS``, the bound)."""
+        put_ints((num_seqs, num_prefill, num_decode, recomputed,
+                  len(waiting) + len(preempted) + len(over_budget), held, regular, live))
+        put_floats((start, end - start, flops, nbytes))
         put_bound(bound)
-        put_reg(regular)
-        put_live(live)
 
     def preempt_newest(need: int, now: float) -> int:
         """The policy's ``grow_running``: preempt the newest running requests until the
@@ -346,13 +337,15 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
         starts = np.concatenate(([now], ends[:-1]))
         durations = ends - starts
         steps = js[:k] + (G + 1)  # decode indices of these steps
-        for name, values in (("start_s", starts), ("duration_s", durations),
-                             ("num_seqs", rows), ("num_prefill_tokens", 0),
-                             ("num_decode_tokens", rows), ("num_recomputed_tokens", 0),
-                             ("num_waiting", 0), ("kv_used_blocks", used + grown[:k]),
-                             ("flops", flops), ("bytes", nbytes), ("num_regular_itl", rows),
-                             ("kv_live_tokens", key_sum + rows * steps)):
-            extend_column(cols[name], values, k)
+        ints = np.zeros((k, len(INT_COLUMNS)), dtype=np.int64)  # the rows ``record`` writes
+        ints[:, 0] = ints[:, 2] = ints[:, 6] = rows  # sequences, decodes, regular ITLs
+        ints[:, 5] = used + grown[:k]
+        ints[:, 7] = key_sum + rows * steps
+        log.packed_ints.frombytes(ints.tobytes())
+        floats = np.empty((k, len(FLOAT_COLUMNS)))
+        floats[:, 0], floats[:, 1], floats[:, 2], floats[:, 3] = (starts, durations, flops[:k],
+                                                                  nbytes[:k])
+        log.packed_floats.frombytes(floats.tobytes())
         cols["bound"].extend(bounds[:k])
         # the decode-to-decode gaps join the monotonic stack: a new gap stays if it is larger
         # than every later one, an old entry if it is larger than all of them
@@ -520,19 +513,11 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
                     del running[i]
                     leave(i)
                     reject(i, end, "context outgrew the KV cache")
-                put_start(now)  # ``record``, inlined: once per decode step
-                put_dur(end - now)
-                put_seqs(rows)
-                put_pf(0)
-                put_dec(rows)
-                put_recomp(0)
-                put_wait(len(waiting) + len(preempted) + len(over_budget))
-                put_used(held)
-                put_flops(flops)
-                put_bytes(nbytes)
+                # ``record``, inlined: this runs once per decode step
+                put_ints((rows, 0, rows, 0, len(waiting) + len(preempted) + len(over_budget),
+                          held, regular, live))
+                put_floats((now, end - now, flops, nbytes))
                 put_bound(bound)
-                put_reg(regular)
-                put_live(live)
                 now = end
                 if (waiting or preempted or over_budget or not running or deadline is not None
                         or (nxt < n and arrival[nxt] <= now)

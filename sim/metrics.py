@@ -64,6 +64,12 @@ class StepLog:
     #: Columns that are 0 in every row and so never appended to (a fast path's padding and
     #: swap columns): ``table()`` makes them with ``np.zeros``, whose pages stay unallocated.
     zero_columns: frozenset[str] = frozenset()
+    #: Columns stored row-interleaved instead (one ``extend`` of a tuple per step instead of
+    #: one ``append`` per column: a fast path's hot loop); ``table()`` views them strided.
+    packed_int_columns: tuple[str, ...] = ()
+    packed_float_columns: tuple[str, ...] = ()
+    packed_ints: array = field(default_factory=lambda: array("q"))
+    packed_floats: array = field(default_factory=lambda: array("d"))
     irregular_itl: array = field(default_factory=lambda: array("d"))
     irregular_itl_at: array = field(default_factory=lambda: array("d"))
     irregular_itl_count: array = field(default_factory=lambda: array("q"))
@@ -149,6 +155,12 @@ class StepLog:
                     if k in self.zero_columns else
                     np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64))
                 for k, v in c.items()}
+        for names, packed, dtype in ((self.packed_int_columns, self.packed_ints, np.int64),
+                                     (self.packed_float_columns, self.packed_floats,
+                                      np.float64)):
+            if names:
+                rows = np.frombuffer(packed, dtype=dtype).reshape(n, len(names))
+                data.update({name: rows[:, i] for i, name in enumerate(names)})
         # copy=False: the columns stay views of the log's arrays (no second copy of a
         # multi-million-step table); the log is not appended to once its table exists
         return pd.DataFrame(data, columns=list(STEP_COLUMNS), copy=False)
@@ -203,7 +215,9 @@ def _stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, f
     """Mean, median, p90, p99 in milliseconds (weighted when ``weights`` is given)."""
     if weights is not None:
         keep = weights > 0
-        values, weights = values[keep], weights[keep]
+        if not keep.all():
+            values, weights = values[keep], weights[keep]
+        del keep
     else:
         values = values[~np.isnan(values)]
     if values.size == 0:
@@ -212,9 +226,13 @@ def _stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, f
         q = np.percentile(values, [50, 90, 99])
         return {"mean": values.mean() * 1e3, "median": q[0] * 1e3, "p90": q[1] * 1e3,
                 "p99": q[2] * 1e3}
+    # one multi-million-entry array after another: the caller holds no reference to these
     order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order].astype(float)
-    cum = np.cumsum(w)
+    v = values[order]
+    del values
+    w = weights[order]
+    del weights, order
+    cum = np.cumsum(w)  # integer counts stay exact; float weights as given
     total = cum[-1]
     out = {"mean": float((v * w).sum() / total) * 1e3}
     # Inverted-CDF percentile of the weighted sample: identical to expanding the counts.
@@ -232,10 +250,10 @@ def itl_sample(steps: pd.DataFrame, irregular: Any, irregular_counts: Any = None
     """All inter-token latencies as (values, counts): per-step durations plus irregular gaps
     (each ``irregular_counts`` times; once when no counts are given)."""
     gaps = np.asarray(irregular, dtype=float)
-    counts = (np.ones(len(gaps)) if irregular_counts is None
-              else np.asarray(irregular_counts, dtype=float))
+    counts = (np.ones(len(gaps), dtype=np.int64) if irregular_counts is None
+              else np.asarray(irregular_counts).astype(np.int64))
     vals = np.concatenate([steps["duration_s"].to_numpy(dtype=float), gaps])
-    counts = np.concatenate([steps["num_regular_itl"].to_numpy(dtype=float), counts])
+    counts = np.concatenate([steps["num_regular_itl"].to_numpy(dtype=np.int64), counts])
     return vals, counts
 
 
@@ -257,7 +275,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
     if isinstance(irregular_itl, tuple):
         gaps, at = (np.asarray(x, dtype=float) for x in irregular_itl[:2])
         if len(irregular_itl) > 2:
-            counts = np.asarray(irregular_itl[2], dtype=float)
+            counts = np.asarray(irregular_itl[2], dtype=np.int64)
     else:
         gaps = np.asarray(irregular_itl, dtype=float)
         at = None
@@ -310,13 +328,12 @@ def _latency_stats(done: pd.DataFrame, st: pd.DataFrame, gaps: np.ndarray,
     """Mean, median, p90, p99 of TTFT, TPOT, ITL and E2E latency in milliseconds."""
     out = {}
     for metric in LATENCIES:
-        if metric == "itl":
-            vals, w = _windowed_itl(st, gaps, at, counts, any_steps, t0, end)
+        if metric == "itl":  # passed on unnamed, so _stats can free each array it is done with
+            stats = _stats(*_windowed_itl(st, gaps, at, counts, any_steps, t0, end))
         else:
-            vals, w = done[f"{metric if metric != 'e2el' else 'e2e'}_s"].to_numpy(float), None
-        for stat, v in _stats(vals, w).items():
+            stats = _stats(done[f"{metric if metric != 'e2el' else 'e2e'}_s"].to_numpy(float))
+        for stat, v in stats.items():
             out[f"{stat}_{metric}_ms"] = float(v)
-        del vals, w
     return out
 
 
