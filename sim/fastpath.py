@@ -462,6 +462,7 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
         elif num_running:
             # -- decode steps, back to back while no arrival, queue, horizon or budget can
             # change the plan: every running request decodes one token per step ------------
+            queued = len(waiting) + len(preempted) + len(over_budget)
             while True:
                 if (can_stretch and fin_heap[0][0] - G >= MIN_STRETCH
                         and (nxt >= n or arrival[nxt] - now >= MIN_STRETCH * last_secs)
@@ -479,6 +480,7 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
                 need = residues[-G % bs]
                 if need > num_blocks - used:
                     need = preempt_newest(need, now)
+                    queued = len(waiting) + len(preempted) + len(over_budget)
                 rows = len(running)
                 used += need
                 held = used
@@ -514,13 +516,12 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
                     leave(i)
                     reject(i, end, "context outgrew the KV cache")
                 # ``record``, inlined: this runs once per decode step
-                put_ints((rows, 0, rows, 0, len(waiting) + len(preempted) + len(over_budget),
-                          held, regular, live))
+                put_ints((rows, 0, rows, 0, queued, held, regular, live))
                 put_floats((now, end - now, flops, nbytes))
                 put_bound(bound)
                 now = end
-                if (waiting or preempted or over_budget or not running or deadline is not None
-                        or (nxt < n and arrival[nxt] <= now)
+                if ((nxt < n and arrival[nxt] <= now) or queued or not running
+                        or deadline is not None
                         or (horizon_s is not None and now >= horizon_s)):
                     break
         else:  # nothing admitted and nothing running: wait for the next arrival
