@@ -363,6 +363,14 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
         last_secs = float(durations[-1])
         return last_decode_end
 
+    # who might be rejected on arrival (``never_fits`` or the token budget), in one pass
+    prompts, outputs = np.asarray(prompt, dtype=np.int64), np.asarray(out, dtype=np.int64)
+    risky = (prompts > max_tokens) | (-(-(prompts + 1) // bs) > num_blocks)
+    if max_model_len is not None:
+        risky |= prompts + outputs > max_model_len
+    suspects = set(np.flatnonzero(risky).tolist())
+    del prompts, outputs, risky
+
     now, nxt = 0.0, 0
     while True:
         if horizon_s is not None and now >= horizon_s:
@@ -370,10 +378,12 @@ def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: An
         if deadline is not None and time.perf_counter() > deadline:
             break
         while nxt < n and arrival[nxt] <= now:
-            why = never_fits(kv, max_model_len, prompt[nxt], out[nxt])
-            if not why and prompt[nxt] > max_tokens:
-                why = (f"prompt of {prompt[nxt]} tokens exceeds max_num_batched_tokens="
-                       f"{max_tokens}")
+            why = ""
+            if nxt in suspects:
+                why = never_fits(kv, max_model_len, prompt[nxt], out[nxt])
+                if not why and prompt[nxt] > max_tokens:
+                    why = (f"prompt of {prompt[nxt]} tokens exceeds max_num_batched_tokens="
+                           f"{max_tokens}")
             if why:
                 reject(nxt, now, why)
             else:
