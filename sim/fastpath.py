@@ -38,7 +38,7 @@ from policies.continuous import ContinuousBatching
 from sim.engine import never_fits
 from sim.kv import KVConfig
 from sim.metrics import StepLog
-from sim.types import BatchShape, Request
+from sim.types import BatchShape
 from sim.validate import EngineError
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
@@ -118,15 +118,14 @@ class FastResult:
         self.reason = [""] * n
 
 
-def run_continuous(requests: list[Request], policy: ContinuousBatching, cost: Any,
-                   kv: KVConfig, log: StepLog, *, max_model_len: int | None,
-                   horizon_s: float | None, deadline: float | None) -> FastResult:
-    """Simulate sorted ``requests`` on one replica; fill ``log`` and return the outcomes."""
-    n = len(requests)
+def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
+                   policy: ContinuousBatching, cost: Any, kv: KVConfig, log: StepLog, *,
+                   max_model_len: int | None, horizon_s: float | None,
+                   deadline: float | None) -> FastResult:
+    """Simulate requests given as arrival times (sorted; ties in id order), prompt and
+    output lengths, on one replica; fill ``log`` and return the outcomes in that order."""
+    n = len(arrival)
     res = FastResult(n)
-    arrival = [r.arrival_s for r in requests]
-    prompt = [r.num_prompt_tokens for r in requests]
-    out = [r.num_output_tokens for r in requests]
     first_sched, first_tok, finish = res.first_scheduled_s, res.first_token_s, res.finish_s
     max_itl, npre, gen, status, reason = (res.max_itl_s, res.num_preemptions,
                                           res.num_generated, res.status, res.reason)

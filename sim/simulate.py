@@ -25,6 +25,7 @@ from sim.fastpath import fast_path_blocker, run_continuous
 from sim.kv import UNLIMITED_BLOCKS, KVConfig
 from sim.metrics import StepLog, request_frame, request_table, summarize
 from sim.state import Seq
+from sim.traces import TraceArrays
 from sim.types import Request
 
 KV_KEYS = ("num_blocks", "block_size", "allocator", "reserve_tokens",
@@ -124,7 +125,7 @@ def _swap_rate(kv: Mapping[str, Any], cost: CostModel) -> tuple[float | None, fl
     return float(nbytes) / (float(gbps) * 1e9), float(nbytes)
 
 
-def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Policy,
+def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any] | str | Policy,
              cost: CostModel, kv: Mapping[str, Any] | KVConfig | None = None, seed: int = 0,
              *, num_replicas: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0,
              slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
@@ -132,6 +133,9 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
              wall_clock_s: float | None = None,
              max_model_len: int | None | str = "model", fast_path: bool = True) -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
+
+    ``requests`` may also be columnar (``TraceArrays``, what ``sim.workload`` builds; ids are
+    the row numbers), which spares a million-request run its ``Request`` objects.
 
     ``policy`` is a registry spec such as ``{"name": "continuous", "max_num_seqs": 64}``;
     each replica gets its own instance. ``kv=None`` means unlimited KV. ``seed`` is recorded
@@ -147,10 +151,6 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    reqs = sorted(requests, key=_ARRIVAL_ORDER)
-    ids = {r.id for r in reqs}
-    if len(ids) != len(reqs):
-        raise ValueError("request ids must be unique")
     kv_config = resolve_kv(kv, cost)
     if max_model_len == "model":
         max_model_len = getattr(getattr(cost, "model", None), "max_position_embeddings", None)
@@ -162,11 +162,18 @@ def simulate(requests: Sequence[Request], policy: Mapping[str, Any] | str | Poli
     if fast_path and not fast_path_blocker(policies[0], kv_config, cost,
                                            num_replicas=num_replicas, checks=checks,
                                            event_skipping=event_skipping):
-        out = run_continuous(reqs, policies[0], cost, kv_config, log,
-                             max_model_len=max_model_len, horizon_s=horizon_s,
+        cols = _arrival_columns(requests)
+        out = run_continuous(cols["arrival_s"].tolist(), cols["num_prompt_tokens"].tolist(),
+                             cols["num_output_tokens"].tolist(), policies[0], cost, kv_config,
+                             log, max_model_len=max_model_len, horizon_s=horizon_s,
                              deadline=deadline)
-        table = _fast_request_table(reqs, out)
+        table = _fast_request_table(cols, out)
     else:
+        if isinstance(requests, TraceArrays):
+            requests = requests.to_requests()
+        reqs = sorted(requests, key=_ARRIVAL_ORDER)
+        if len({r.id for r in reqs}) != len(reqs):
+            raise ValueError("request ids must be unique")
         table = _run_engine(reqs, policies, cost, kv_config, log, checks=checks,
                             horizon_s=horizon_s, event_skipping=event_skipping,
                             max_model_len=max_model_len, deadline=deadline)
@@ -203,10 +210,31 @@ def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv
     return request_table(sorted(seqs.values(), key=lambda s: s.req.id))
 
 
-def _fast_request_table(reqs: list[Request], out: Any) -> pd.DataFrame:
-    """The request table of a fast-path run (``reqs`` in arrival order), in id order."""
-    n = len(reqs)
-    ids = np.fromiter((r.id for r in reqs), np.int64, n)
+def _arrival_columns(requests: Sequence[Request] | TraceArrays) -> dict[str, np.ndarray]:
+    """Ids, arrival times and lengths as arrays in arrival order (ties by id), without
+    ``Request`` objects when the input is columnar already (ids are then the row numbers)."""
+    if isinstance(requests, TraceArrays):
+        n = len(requests)
+        cols = {"id": np.arange(n, dtype=np.int64), "arrival_s": requests.arrival_s,
+                "num_prompt_tokens": requests.num_prompt_tokens,
+                "num_output_tokens": requests.num_output_tokens}
+    else:
+        n = len(requests)
+        cols = {name: np.fromiter(map(attrgetter(name), requests), dtype, n) for name, dtype in
+                (("id", np.int64), ("arrival_s", np.float64), ("num_prompt_tokens", np.int64),
+                 ("num_output_tokens", np.int64))}
+        if len(np.unique(cols["id"])) != n:
+            raise ValueError("request ids must be unique")
+    order = np.lexsort((cols["id"], cols["arrival_s"]))
+    if n > 1 and (np.diff(order) > 0).all():  # already in order: no copies
+        return {k: np.asarray(v) for k, v in cols.items()}
+    return {k: np.asarray(v)[order] for k, v in cols.items()}
+
+
+def _fast_request_table(cols: dict[str, np.ndarray], out: Any) -> pd.DataFrame:
+    """The request table of a fast-path run (``cols`` in arrival order), in id order."""
+    ids = cols["id"]
+    n = len(ids)
     # ids usually follow arrival order already (trace rows): then nothing moves
     order = slice(None) if n < 2 or (np.diff(ids) > 0).all() else np.argsort(ids, kind="stable")
     zeros = np.zeros(n, dtype=np.int64)
@@ -217,13 +245,11 @@ def _fast_request_table(reqs: list[Request], out: Any) -> pd.DataFrame:
     columns = {
         "id": ids[order],
         "num_preemptions": col(out.num_preemptions, np.int64),
-        "num_prompt_tokens": np.fromiter((r.num_prompt_tokens for r in reqs), np.int64,
-                                         n)[order],
-        "num_output_tokens": np.fromiter((r.num_output_tokens for r in reqs), np.int64,
-                                         n)[order],
+        "num_prompt_tokens": col(cols["num_prompt_tokens"], np.int64),
+        "num_output_tokens": col(cols["num_output_tokens"], np.int64),
         "num_generated": col(out.num_generated, np.int64),
         "replica": zeros, "num_swaps": zeros, "num_cached_tokens": zeros,
-        "arrival_s": np.fromiter((r.arrival_s for r in reqs), float, n)[order],
+        "arrival_s": col(cols["arrival_s"]),
         "first_scheduled_s": col(out.first_scheduled_s),
         "first_token_s": col(out.first_token_s),
         "finish_s": col(out.finish_s),

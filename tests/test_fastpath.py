@@ -25,6 +25,7 @@ from policies.registry import make_policy
 from sim.fastpath import fast_path_blocker
 from sim.hardware import ProfileError
 from sim.kv import KVConfig
+from sim.traces import TraceArrays
 from sim.types import BatchShape
 
 PROFILES = Path(__file__).resolve().parent.parent / "hardware_profiles"
@@ -195,3 +196,20 @@ def test_long_decode_stretches_are_skipped_in_numpy_exactly(monkeypatch):
     fast = sim.simulate(reqs, **kw)
     assert sum(calls) > len(fast.steps) // 2  # most steps came from stretches
     assert_same_run(fast, sim.simulate(reqs, **kw, fast_path=False))
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_columnar_requests_give_the_same_run(fast_path):
+    # A TraceArrays (ids = row numbers) simulates exactly like its Request objects.
+    arrays = TraceArrays.from_requests(
+        sim.Request(i, t, p, o) for i, (t, p, o) in enumerate(
+            [(0.0, 40, 5), (0.0, 8, 30), (0.3, 500, 2), (0.1, 20, 9), (2.0, 7, 7)]))
+    kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 64},
+          "fast_path": fast_path}
+    assert_same_run(sim.simulate(arrays, **kw), sim.simulate(arrays.to_requests(), **kw))
+
+
+def test_duplicate_ids_are_refused_on_the_fast_path_too():
+    reqs = [sim.Request(1, 0.0, 5, 5), sim.Request(1, 1.0, 5, 5)]
+    with pytest.raises(ValueError, match="ids must be unique"):
+        sim.simulate(reqs, policy="continuous", cost=sim.ConstantCost(0.1))
