@@ -28,6 +28,7 @@ import math
 import time
 from bisect import bisect_left
 from collections import deque
+from functools import partial
 from heapq import heappop, heappush
 from itertools import chain
 from typing import Any
@@ -81,8 +82,9 @@ class _Costs:
 
     def __init__(self, cost: Any) -> None:
         self.cost = cost
-        fn = getattr(cost, "decode_step_function", None)
-        self.decode = fn() if fn is not None else cost.decode_step
+        rows_fn = getattr(cost, "decode_step_for_rows", None)
+        #: ``for_rows(rows)`` is ``decode_step`` with the batch size fixed
+        self.for_rows = rows_fn if rows_fn is not None else partial(_fixed_rows, cost)
         self.uses_min = bool(getattr(cost, "decode_uses_min_context", False))
         self.prompts = getattr(cost, "prefill_step", None)  # ``step`` of whole prompts
         self._prefill: dict[tuple[int, ...], tuple[float, float, float, str]] = {}
@@ -101,6 +103,11 @@ class _Costs:
                 self._prefill.clear()
             self._prefill[tokens] = c
         return c
+
+
+def _fixed_rows(cost: Any, rows: int) -> Any:
+    """``cost.decode_step`` with ``rows`` bound."""
+    return partial(cost.decode_step, rows)
 
 
 class FastResult:
@@ -141,7 +148,8 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
     mark_blocks = int(policy.watermark * num_blocks) if num_blocks < (1 << 40) else 0
     limit = kv.max_preemptions
     costs = _Costs(cost)
-    decode_cost, uses_min = costs.decode, costs.uses_min
+    for_rows, uses_min = costs.for_rows, costs.uses_min
+    cost_rows, decode_cost = 0, None  # decode_step for the batch size of the last decode
 
     cols = log.cols
     log.zero_columns = ZERO_COLUMNS
@@ -498,9 +506,11 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                     top(max_heap)
                     entry = max_heap[0]
                 c_max = G + 1 - entry[0]
+                if rows != cost_rows:
+                    cost_rows, decode_cost = rows, for_rows(rows)
                 secs, flops, nbytes, bound = decode_cost(
-                    rows, key_sum + rows * (G + 1), G + 1 + top(min_heap) if uses_min
-                    else c_max, c_max)
+                    key_sum + rows * (G + 1), G + 1 + top(min_heap) if uses_min else c_max,
+                    c_max)
                 last_secs = secs
                 end = now + secs
                 G += 1

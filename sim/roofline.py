@@ -479,52 +479,67 @@ class RooflineCost(_ShapeCost):
             tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
             return (tc if tc > tm else tm) / (hkv * (1.0 + c / split))
 
-        def decode_step(rows: int, kv_tokens: int, c_min: int, c_max: int
-                        ) -> tuple[float, float, float, str]:
+        tails: dict[int, float] = {}  # longest context -> decode tail (when it alone counts)
+        by_rows: dict[int, object] = {}
+
+        def for_rows(rows: int):  # noqa: ANN202 - the closure below
+            """``decode_step`` for one batch size, its constants bound once."""
+            fn = by_rows.get(rows)
+            if fn is not None:
+                return fn
             k = consts.get(rows)
             if k is None:
                 k = consts[rows] = make(rows)
             (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s,
              overhead, c2, m2, f2, b2, rows_row_tok, rows_kq, memory_if_compute,
              compute_if_memory) = k
-            f = fpp * kv_tokens
-            b = kvt * (kv_tokens + rows_row_tok) + rows_kq
-            c = float(c_max)  # ``unit(c)``, inlined: this runs once per simulated step
-            tc = fpp * c / peak_att
-            tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
-            slow = (tc if tc > tm else tm) / (hkv * (1.0 + c / split))
-            if uses_min:
-                low = unit(float(c_min))
-                slow = max(slow, low)
-            tail = par_half * slow
-            tc = f / peak_att + g
-            tm = b / att_bw + g
-            tc += tail
-            tm += tail
-            # the attention op joins the compute or the memory tally, as in ``step``; the
-            # other tally is then the same for every step with this many rows
-            if tc > tm:
-                t = tc
-                compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
-            else:
-                t = tm
-                compute_s, memory_s = compute_if_memory, ((t1 + t) + att_lat + t_norm) * L + m2
-            t2 += f
-            t3 += b
-            t3 += e_norm
-            seconds = s3 + (t + att_lat) * L + norms_l
-            if tp > 1:
-                seconds += comm_l
-            seconds = seconds + emb_s + lm_s + overhead
-            # ``max`` over (seconds, name) pairs as ``step`` takes it, ties going to the larger
-            # name ("overhead" > "memory" > "compute" > "comm"), without building the tuples
-            bound, top = ("memory", memory_s) if memory_s >= compute_s else ("compute",
-                                                                              compute_s)
-            if comm_l > top:
-                bound, top = "comm", comm_l
-            if overhead >= top:
-                bound = "overhead"
-            return seconds, (t2 * L + f2) * tp, (t3 * L + b2) * tp, bound
+
+            def decode_rows(kv_tokens: int, c_min: int, c_max: int
+                            ) -> tuple[float, float, float, str]:
+                f = fpp * kv_tokens
+                b = kvt * (kv_tokens + rows_row_tok) + rows_kq
+                if uses_min:
+                    tail = par_half * max(unit(float(c_max)), unit(float(c_min)))
+                else:
+                    tail = tails.get(c_max)
+                    if tail is None:
+                        tail = tails[c_max] = par_half * unit(float(c_max))
+                tc = f / peak_att + g
+                tm = b / att_bw + g
+                tc += tail
+                tm += tail
+                # the attention op joins the compute or the memory tally, as in ``step``; the
+                # other tally is then the same for every step with this many rows
+                if tc > tm:
+                    t = tc
+                    compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
+                else:
+                    t = tm
+                    compute_s = compute_if_memory
+                    memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
+                seconds = s3 + (t + att_lat) * L + norms_l
+                if tp > 1:
+                    seconds += comm_l
+                seconds = seconds + emb_s + lm_s + overhead
+                # ``max`` over (seconds, name) pairs as ``step`` takes it, ties going to the
+                # larger name ("overhead" > "memory" > "compute" > "comm"), without tuples
+                bound, top = ("memory", memory_s) if memory_s >= compute_s else (
+                    "compute", compute_s)
+                if comm_l > top:
+                    bound, top = "comm", comm_l
+                if overhead >= top:
+                    bound = "overhead"
+                return seconds, ((t2 + f) * L + f2) * tp, (((t3 + b) + e_norm) * L + b2) * tp, \
+                    bound
+
+            if len(by_rows) > 4096:  # bound the memo
+                by_rows.clear()
+            by_rows[rows] = decode_rows
+            return decode_rows
+
+        def decode_step(rows: int, kv_tokens: int, c_min: int, c_max: int
+                        ) -> tuple[float, float, float, str]:
+            return for_rows(rows)(kv_tokens, c_min, c_max)
 
         def decode_series(rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
@@ -571,9 +586,14 @@ class RooflineCost(_ShapeCost):
             bounds = _BOUND_NAMES[code].tolist()
             return seconds, ((t2 + f) * L + f2) * tp, (((t3 + b) + e_norm) * L + b2) * tp, bounds
 
-        fn.append(decode_step)
-        fn.append(decode_series)
+        fn.extend((decode_step, decode_series, for_rows))
         return decode_step
+
+    def decode_step_for_rows(self, rows: int):  # noqa: ANN201 - a closure
+        """``decode_step`` with ``rows`` fixed: ``f(kv_tokens, c_min, c_max)``, for callers
+        that cost many decode steps of one batch size in a row."""
+        self.decode_step_function()
+        return self._decode_fn[2](rows)
 
     def decode_series(self, rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
