@@ -149,7 +149,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
     limit = kv.max_preemptions
     costs = _Costs(cost)
     for_rows, uses_min = costs.for_rows, costs.uses_min
-    cost_rows, decode_cost = 0, None  # decode_step for the batch size of the last decode
+    decode_by_rows: dict[int, Any] = {}  # batch size -> ``decode_step`` with it bound
 
     cols = log.cols
     log.zero_columns = ZERO_COLUMNS
@@ -414,7 +414,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
             admitted = []
             mark = mark_blocks if num_running else 0
             seats, budget, free = max_seqs - num_running, max_tokens, num_blocks - used
-            for i in chain(reversed(preempted), waiting):
+            for i in chain(reversed(preempted), waiting) if preempted else waiting:
                 tokens = prompt[i] + gen[i]
                 blocks = -(-tokens // bs)
                 if seats < 1 or tokens > budget or free - blocks < mark:
@@ -506,8 +506,9 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                     top(max_heap)
                     entry = max_heap[0]
                 c_max = G + 1 - entry[0]
-                if rows != cost_rows:
-                    cost_rows, decode_cost = rows, for_rows(rows)
+                decode_cost = decode_by_rows.get(rows)
+                if decode_cost is None:
+                    decode_cost = decode_by_rows[rows] = for_rows(rows)
                 secs, flops, nbytes, bound = decode_cost(
                     key_sum + rows * (G + 1), G + 1 + top(min_heap) if uses_min else c_max,
                     c_max)
