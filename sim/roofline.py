@@ -606,46 +606,22 @@ class RooflineCost(_ShapeCost):
 
     def _decode_constants(self, rows: int) -> tuple[float, ...]:
         """The parts of ``step`` for ``rows`` decode rows that attention does not touch, as
-        partial sums in ``step``'s order of operations."""
-        p, m, L = self.params, self.model, self.model.num_layers
-        T, lat = float(rows), p.kernel_latency_s
-        overhead = p.per_step_s + p.per_seq_s * rows + p.per_layer_launch_s * L
-        secs: dict[str, float] = {}
+        partial sums in ``step``'s order of operations (from ``_dense``)."""
+        p, L = self.params, self.model.num_layers
+        lat = p.kernel_latency_s
+        dense_secs, before, norms, comm, emb, lm_head, overhead = self._dense(float(rows), rows)
+        secs = dict(dense_secs)
+        s3 = secs["qkv_proj"] * L + secs["o_proj"] * L + secs["mlp"] * L
+        t_norm = max(norms[0], norms[1]) + 4 * lat
+        elem = norms[3]
+        secs.clear()
         tally = [0.0, 0.0, 0.0, 0.0]
-
-        def add(name: str, op: tuple[float, float, float, float], kernels: int = 1) -> None:
-            tc, tm, f, b = op
-            t = max(tc, tm) + kernels * lat
-            secs[name] = secs.get(name, 0.0) + t
+        for name, (tc, tm, f, b) in (("embedding", emb), ("lm_head", lm_head)):  # as ``add``
+            t = max(tc, tm) + lat
+            secs[name] = 0.0 + t
             tally[0 if tc > tm else 1] += t
             tally[2] += f
             tally[3] += b
-
-        g_qkv, g_o, g_up, g_down = self._gemms
-        add("qkv_proj", self._gemm(T, g_qkv))
-        add("o_proj", self._gemm(T, g_o))
-        if m.is_moe:
-            e, k = m.num_experts, m.top_k
-            touched = e * (1.0 - (1.0 - k / e) ** T)
-            add("mlp", self._gemm(T * k, g_up, touched, T * k / touched))
-            add("mlp", self._gemm(T * k, g_down, touched, T * k / touched))
-        else:
-            add("mlp", self._gemm(T, g_up))
-            add("mlp", self._gemm(T, g_down))
-        before = list(tally)
-        s3 = secs["qkv_proj"] * L + secs["o_proj"] * L + secs["mlp"] * L
-        h = m.hidden_size
-        elem = T * _ACT_BYTES * (6 * h + self._q_bytes_tok / _ACT_BYTES + 3 * g_down.k)
-        t_norm = max(0.0, elem / self._bw) + 4 * lat
-        comm = 0.0
-        if self.tp > 1:
-            msg = T * h * _ACT_BYTES
-            comm = 2 * (self._alpha + 2 * (self.tp - 1) / self.tp * msg / self._bus)
-        tally[:] = [0.0, 0.0, 0.0, 0.0]
-        secs.clear()
-        emb = T * h * self._wb
-        add("embedding", (0.0, emb / self._bw, 0.0, emb))
-        add("lm_head", self._gemm(float(rows), _Gemm("lm_head", m.vocab_size / self.tp, h)))
         att_lat = p.attention_latency_s + lat
         c0, m0 = before[0], before[1]
         return (s3, *before, att_lat, t_norm, elem, t_norm * L, comm * L,
