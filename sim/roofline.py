@@ -105,6 +105,22 @@ def _calibration_value(cal: object, key: str, default: float) -> float:
     return default if value is None else value
 
 
+def _operator_adder(secs: dict[str, float], tally: list[float], lat: float):  # noqa: ANN202
+    """``add(name, (compute s, memory s, flops, bytes), kernels=1)``: one operator's time
+    ``max(compute, memory) + kernels × latency`` added to ``secs[name]`` and to the compute-
+    or memory-bound tally, its flops and bytes to theirs (the accounting ``step`` does)."""
+
+    def add(name: str, op: tuple[float, float, float, float], kernels: int = 1) -> None:
+        tc, tm, f, b = op
+        t = max(tc, tm) + kernels * lat
+        secs[name] = secs.get(name, 0.0) + t
+        tally[0 if tc > tm else 1] += t
+        tally[2] += f
+        tally[3] += b
+
+    return add
+
+
 @dataclass(frozen=True)
 class _Gemm:
     """One weight GEMM of a layer, per GPU: output features ``n``, input features ``k``."""
@@ -318,14 +334,7 @@ class RooflineCost(_ShapeCost):
         lat = p.kernel_latency_s
         secs: dict[str, float] = {}
         tally = [0.0, 0.0, 0.0, 0.0]
-
-        def add(name: str, op: tuple[float, float, float, float], kernels: int = 1) -> None:
-            tc, tm, f, b = op
-            t = max(tc, tm) + kernels * lat
-            secs[name] = secs.get(name, 0.0) + t
-            tally[0 if tc > tm else 1] += t
-            tally[2] += f
-            tally[3] += b
+        add = _operator_adder(secs, tally, lat)
 
         g_qkv, g_o, g_up, g_down = self._gemms
         add("qkv_proj", self._gemm(T, g_qkv))
@@ -364,14 +373,7 @@ class RooflineCost(_ShapeCost):
         lat = p.kernel_latency_s
         secs = dict(dense_secs)
         tally = list(dense_tally)  # per layer: compute-bound s, memory-bound s, flops, bytes
-
-        def add(name: str, op: tuple[float, float, float, float], kernels: int = 1) -> None:
-            tc, tm, f, b = op
-            t = max(tc, tm) + kernels * lat
-            secs[name] = secs.get(name, 0.0) + t
-            tally[0 if tc > tm else 1] += t
-            tally[2] += f
-            tally[3] += b
+        add = _operator_adder(secs, tally, lat)
 
         for op in attention:
             add("attention", op, 0)
@@ -482,17 +484,20 @@ class RooflineCost(_ShapeCost):
         tails: dict[int, float] = {}  # longest context -> decode tail (when it alone counts)
         by_rows: dict[int, object] = {}
 
+        def constants(rows: int) -> tuple[float, ...]:
+            k = consts.get(rows)
+            if k is None:
+                k = consts[rows] = make(rows)
+            return k
+
         def for_rows(rows: int):  # noqa: ANN202 - the closure below
             """``decode_step`` for one batch size, its constants bound once."""
             fn = by_rows.get(rows)
             if fn is not None:
                 return fn
-            k = consts.get(rows)
-            if k is None:
-                k = consts[rows] = make(rows)
             (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s,
              overhead, c2, m2, f2, b2, rows_row_tok, rows_kq, memory_if_compute,
-             compute_if_memory) = k
+             compute_if_memory) = constants(rows)
 
             def decode_rows(kv_tokens: int, c_min: int, c_max: int
                             ) -> tuple[float, float, float, str]:
@@ -545,12 +550,9 @@ class RooflineCost(_ShapeCost):
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
             """``decode_step`` of ``k`` successive steps (every context one longer per step)
             as arrays: the same operations elementwise, so the same floats."""
-            consts_k = consts.get(rows)
-            if consts_k is None:
-                consts_k = consts[rows] = make(rows)
             (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s,
              overhead, c2, m2, f2, b2, rows_row_tok, rows_kq, memory_if_compute,
-             compute_if_memory) = consts_k
+             compute_if_memory) = constants(rows)
             j = np.arange(k, dtype=np.int64)
             kv = kv_tokens + rows * j
             f = fpp * kv
