@@ -275,7 +275,7 @@ class Replica:
                 if itl < 0:
                     regular += 1
                 else:
-                    add_irregular(end, itl)
+                    add_irregular(end, itl, 1, self.index)
             if cache is not None and seq.num_computed - n < seq.req.num_prompt_tokens:
                 pool.register(seq, seq.req.num_prompt_tokens)  # computed prompt tokens
         live, cached = self.live_tokens(), pool.cached

@@ -3,7 +3,7 @@
 ``sim.engine`` asks the policy for a plan every iteration and touches every running request in
 Python, which caps it near 10^4 steps a second. For the most common configuration — the
 ``continuous`` policy in ``vllm`` mode with FCFS admission, paged KV with recompute preemption,
-no prefix caching, one replica and a cost model with ``decode_step`` — this module runs the
+no prefix caching and a cost model with ``decode_step`` — this module runs the
 same simulation with every per-step operation in O(1) amortized (O(log n) at admissions and
 finishes), producing the same tables bit for bit (tests/test_fastpath.py checks that against
 the general engine on random traces, cost models and KV pressure).
@@ -54,8 +54,8 @@ ZERO_COLUMNS = frozenset({"replica", "num_padding_tokens", "num_padding_rows",
                           "kv_cached_blocks", "swap_s", "swapped_bytes"})
 
 
-def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, num_replicas: int,
-                      checks: bool, event_skipping: bool) -> str:
+def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, checks: bool,
+                      event_skipping: bool) -> str:
     """Why this run cannot take the fast path ('' when it can)."""
     if type(policy) is not ContinuousBatching:
         return "policy is not the built-in continuous batching"
@@ -63,8 +63,6 @@ def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, num_replica
         return "continuous batching in orca mode or with a non-FCFS ordering"
     if kv.allocator != "paged" or kv.preemption != "recompute" or kv.prefix_caching:
         return "slab allocation, swap preemption or prefix caching"
-    if num_replicas != 1:
-        return "more than one replica"
     if checks or not event_skipping:
         return "per-step invariant checks or event skipping off"
     if not callable(getattr(cost, "decode_step", None)):
@@ -128,9 +126,10 @@ class FastResult:
 def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                    policy: ContinuousBatching, cost: Any, kv: KVConfig, log: StepLog, *,
                    max_model_len: int | None, horizon_s: float | None,
-                   deadline: float | None) -> FastResult:
+                   deadline: float | None, replica: int = 0) -> FastResult:
     """Simulate requests given as arrival times (sorted; ties in id order), prompt and
-    output lengths, on one replica; fill ``log`` and return the outcomes in that order."""
+    output lengths, on replica number ``replica``; fill ``log`` (this replica's alone) and
+    return the outcomes in that order."""
     n = len(arrival)
     res = FastResult(n)
     first_sched, first_tok, finish = res.first_scheduled_s, res.first_token_s, res.finish_s
@@ -156,7 +155,11 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
     log.packed_int_columns, log.packed_float_columns = INT_COLUMNS, FLOAT_COLUMNS
     put_ints, put_floats = log.packed_ints.extend, log.packed_floats.extend
     put_bound = cols["bound"].append
-    add_irregular = log.add_irregular_itl
+    log.replica = replica
+    log_irregular = log.add_irregular_itl
+
+    def add_irregular(at_s: float, gap_s: float, count: int = 1) -> None:
+        log_irregular(at_s, gap_s, count, replica)
 
     waiting: deque[int] = deque()
     preempted: list[int] = []  # a stack: the newest preempted request is admitted first

@@ -64,6 +64,8 @@ class StepLog:
     #: Columns that are 0 in every row and so never appended to (a fast path's padding and
     #: swap columns): ``table()`` makes them with ``np.zeros``, whose pages stay unallocated.
     zero_columns: frozenset[str] = frozenset()
+    #: The replica of every step, when the log holds one replica's steps only (as zero_columns)
+    replica: int = 0
     #: Columns stored row-interleaved instead (one ``extend`` of a tuple per step instead of
     #: one ``append`` per column: a fast path's hot loop); ``table()`` views them strided.
     packed_int_columns: tuple[str, ...] = ()
@@ -73,25 +75,27 @@ class StepLog:
     irregular_itl: array = field(default_factory=lambda: array("d"))
     irregular_itl_at: array = field(default_factory=lambda: array("d"))
     irregular_itl_count: array = field(default_factory=lambda: array("q"))
+    irregular_itl_replica: array = field(default_factory=lambda: array("q"))
 
-    def add_irregular_itl(self, at_s: float, gap_s: float, count: int = 1) -> None:
-        """Record ``count`` tokens whose gap to their predecessor is not one step's duration."""
-        at, gaps = self.irregular_itl_at, self.irregular_itl
-        if at and at[-1] == at_s and gaps[-1] == gap_s:
+    def add_irregular_itl(self, at_s: float, gap_s: float, count: int = 1,
+                          replica: int = 0) -> None:
+        """Record ``count`` tokens of ``replica`` whose gap to their predecessor is not one
+        step's duration."""
+        at, gaps, reps = self.irregular_itl_at, self.irregular_itl, self.irregular_itl_replica
+        if at and at[-1] == at_s and gaps[-1] == gap_s and reps[-1] == replica:
             self.irregular_itl_count[-1] += count
         else:
             at.append(at_s)
             gaps.append(gap_s)
             self.irregular_itl_count.append(count)
+            reps.append(replica)
 
-    def irregular_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(gaps, token times, counts)`` of the irregular inter-token gaps, as numpy."""
-        return (np.frombuffer(self.irregular_itl, dtype=np.float64) if self.irregular_itl
-                else np.empty(0),
-                np.frombuffer(self.irregular_itl_at, dtype=np.float64) if self.irregular_itl_at
-                else np.empty(0),
-                np.frombuffer(self.irregular_itl_count, dtype=np.int64)
-                if self.irregular_itl_count else np.empty(0, dtype=np.int64))
+    def irregular_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(gaps, token times, counts, replicas)`` of the irregular gaps, as numpy."""
+        return tuple(np.frombuffer(a, dtype=np.float64 if a.typecode == "d" else np.int64)
+                     if a else np.empty(0, dtype=np.float64 if a.typecode == "d" else np.int64)
+                     for a in (self.irregular_itl, self.irregular_itl_at,
+                               self.irregular_itl_count, self.irregular_itl_replica))
 
     def record(self, replica: int, start: float, duration: float, num_seqs: int,
                num_prefill: int, num_decode: int, num_padding: int, num_padding_rows: int,
@@ -151,6 +155,8 @@ class StepLog:
             return pd.DataFrame({k: [] for k in STEP_COLUMNS}, columns=list(STEP_COLUMNS))
         n = len(self)
         data = {k: (v if k == "bound" else
+                    np.full(n, self.replica, dtype=np.int64) if k == "replica" and self.replica
+                    and k in self.zero_columns else
                     np.zeros(n, dtype=np.float64 if v.typecode == "d" else np.int64)
                     if k in self.zero_columns else
                     np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64))
@@ -164,6 +170,18 @@ class StepLog:
         # copy=False: the columns stay views of the log's arrays (no second copy of a
         # multi-million-step table); the log is not appended to once its table exists
         return pd.DataFrame(data, columns=list(STEP_COLUMNS), copy=False)
+
+
+def canonical_irregular(runs: list[tuple[np.ndarray, ...]]
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(gaps, token times, counts)`` of several logs' irregular runs in one canonical order:
+    by token time, then replica, each replica's own order kept. It does not depend on how
+    an engine interleaved the replicas' events (one replica: the order as logged)."""
+    gaps, at, counts, reps = (np.concatenate(parts) for parts in zip(*runs, strict=True))
+    if len(runs) > 1 or (len(reps) and reps.any()):
+        order = np.lexsort((reps, at))  # stable: equal keys keep the logged order
+        gaps, at, counts = gaps[order], at[order], counts[order]
+    return gaps, at, counts
 
 
 def request_table(seqs: list) -> pd.DataFrame:

@@ -21,9 +21,9 @@ from policies import make_policy
 from policies.registry import Policy
 from sim.cost import CostModel
 from sim.engine import Replica
-from sim.fastpath import fast_path_blocker, run_continuous
+from sim.fastpath import FastResult, fast_path_blocker, run_continuous
 from sim.kv import UNLIMITED_BLOCKS, KVConfig
-from sim.metrics import StepLog, request_frame, request_table, summarize
+from sim.metrics import StepLog, canonical_irregular, request_frame, request_table, summarize
 from sim.state import Seq
 from sim.traces import TraceArrays
 from sim.types import Request
@@ -154,33 +154,40 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     kv_config = resolve_kv(kv, cost)
     if max_model_len == "model":
         max_model_len = getattr(getattr(cost, "model", None), "max_position_embeddings", None)
-    log = StepLog()
     # Policies keep per-replica state (a static batch in flight): one instance per replica.
     policies = [make_policy(policy if k == 0 or not isinstance(policy, Policy)
                             else copy.deepcopy(policy)) for k in range(num_replicas)]
     deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
-    if fast_path and not fast_path_blocker(policies[0], kv_config, cost,
-                                           num_replicas=num_replicas, checks=checks,
+    if fast_path and not fast_path_blocker(policies[0], kv_config, cost, checks=checks,
                                            event_skipping=event_skipping):
+        # replicas never interact: each runs alone on its round-robin share
         cols = _arrival_columns(requests)
-        out = run_continuous(cols["arrival_s"].tolist(), cols["num_prompt_tokens"].tolist(),
-                             cols["num_output_tokens"].tolist(), policies[0], cost, kv_config,
-                             log, max_model_len=max_model_len, horizon_s=horizon_s,
-                             deadline=deadline)
-        table = _fast_request_table(cols, out)
+        logs = [StepLog() for _ in policies]
+        outs = [run_continuous(cols["arrival_s"][k::num_replicas].tolist(),
+                               cols["num_prompt_tokens"][k::num_replicas].tolist(),
+                               cols["num_output_tokens"][k::num_replicas].tolist(),
+                               policies[k], cost, kv_config, logs[k],
+                               max_model_len=max_model_len, horizon_s=horizon_s,
+                               deadline=deadline, replica=k) for k in range(num_replicas)]
+        table = _fast_request_table(cols, outs)
     else:
         if isinstance(requests, TraceArrays):
             requests = requests.to_requests()
         reqs = sorted(requests, key=_ARRIVAL_ORDER)
         if len({r.id for r in reqs}) != len(reqs):
             raise ValueError("request ids must be unique")
-        table = _run_engine(reqs, policies, cost, kv_config, log, checks=checks,
+        logs = [StepLog()]
+        table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
                             horizon_s=horizon_s, event_skipping=event_skipping,
                             max_model_len=max_model_len, deadline=deadline)
-    steps = log.table()
+    if len(logs) == 1:
+        steps = logs[0].table()
+    else:  # an idle replica's empty table would turn the integer columns into floats
+        tables = [log.table() for log in logs if len(log)]
+        steps = pd.concat(tables, ignore_index=True) if tables else logs[0].table()
     if num_replicas > 1 and len(steps):
         steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
-    gaps, at, counts = log.irregular_runs()
+    gaps, at, counts = canonical_irregular([log.irregular_runs() for log in logs])
     summary = summarize(
         table, steps, (gaps, at, counts),
         peak_flops=getattr(cost, "peak_flops", None),
@@ -231,10 +238,13 @@ def _arrival_columns(requests: Sequence[Request] | TraceArrays) -> dict[str, np.
     return {k: np.asarray(v)[order] for k, v in cols.items()}
 
 
-def _fast_request_table(cols: dict[str, np.ndarray], out: Any) -> pd.DataFrame:
-    """The request table of a fast-path run (``cols`` in arrival order), in id order."""
+def _fast_request_table(cols: dict[str, np.ndarray], outs: list[Any]) -> pd.DataFrame:
+    """The request table of a fast-path run (``cols`` in arrival order, ``outs`` one per
+    replica, each over its round-robin share), in id order."""
     ids = cols["id"]
     n = len(ids)
+    replicas = len(outs)
+    out = outs[0] if replicas == 1 else _interleave(outs, n)
     # ids usually follow arrival order already (trace rows): then nothing moves
     order = slice(None) if n < 2 or (np.diff(ids) > 0).all() else np.argsort(ids, kind="stable")
     zeros = np.zeros(n, dtype=np.int64)
@@ -248,7 +258,8 @@ def _fast_request_table(cols: dict[str, np.ndarray], out: Any) -> pd.DataFrame:
         "num_prompt_tokens": col(cols["num_prompt_tokens"], np.int64),
         "num_output_tokens": col(cols["num_output_tokens"], np.int64),
         "num_generated": col(out.num_generated, np.int64),
-        "replica": zeros, "num_swaps": zeros, "num_cached_tokens": zeros,
+        "replica": zeros if replicas == 1 else col(np.arange(n) % replicas, np.int64),
+        "num_swaps": zeros, "num_cached_tokens": zeros,
         "arrival_s": col(cols["arrival_s"]),
         "first_scheduled_s": col(out.first_scheduled_s),
         "first_token_s": col(out.first_token_s),
@@ -261,3 +272,13 @@ def _fast_request_table(cols: dict[str, np.ndarray], out: Any) -> pd.DataFrame:
         status = [out.status[i] for i in order.tolist()]
         reason = [out.reason[i] for i in order.tolist()]
     return request_frame(columns, status, reason)
+
+
+def _interleave(outs: list[Any], n: int) -> Any:
+    """One outcome set from per-replica ones: replica ``k`` holds rows ``k, k + R, ...``."""
+    merged = FastResult(n)
+    for name in vars(merged):
+        column = getattr(merged, name)
+        for k, out in enumerate(outs):
+            column[k::len(outs)] = getattr(out, name)
+    return merged

@@ -1,9 +1,9 @@
 """The exact fast path (``sim.fastpath``) is the general engine, only faster.
 
 Specification: for every run it covers — continuous batching in vLLM mode with FCFS admission,
-paged KV with recompute preemption, one replica — ``simulate`` gives the same request table,
-step table, irregular inter-token gaps and summary, bit for bit, as the general engine with
-its per-step invariant checks on. Random traces push it through KV preemption, the
+paged KV with recompute preemption, any number of replicas — ``simulate`` gives the same
+request table, step table, irregular inter-token gaps and summary, bit for bit, as the general
+engine with its per-step invariant checks on. Random traces push it through KV preemption, the
 ``max_preemptions`` limit, prompts over the token budget, ``max_model_len`` rejections,
 contexts outgrowing the cache, the watermark and the horizon. Its decode costs come from
 ``decode_step`` and its prefill costs from ``prefill_step``, which must equal ``step`` on every
@@ -91,7 +91,7 @@ def test_analytic_decode_step_equals_step(cost):
 def test_only_the_covered_configurations_take_the_fast_path():
     cost = sim.ConstantCost(0.1)
     paged = KVConfig(num_blocks=100)
-    ok = {"num_replicas": 1, "checks": False, "event_skipping": True}
+    ok = {"checks": False, "event_skipping": True}
     assert fast_path_blocker(make_policy("continuous"), paged, cost, **ok) == ""
     blocked = [
         (make_policy({"name": "continuous", "mode": "orca"}), paged, cost, ok),
@@ -100,7 +100,6 @@ def test_only_the_covered_configurations_take_the_fast_path():
         (make_policy("continuous"), KVConfig(num_blocks=100, allocator="slab",
                                              reserve_tokens=64), cost, ok),
         (make_policy("continuous"), KVConfig(num_blocks=100, prefix_caching=True), cost, ok),
-        (make_policy("continuous"), paged, cost, {**ok, "num_replicas": 2}),
         (make_policy("continuous"), paged, cost, {**ok, "checks": True}),
         (make_policy("continuous"), paged, cost, {**ok, "event_skipping": False}),
         (make_policy("continuous"), paged, object(), ok),
@@ -143,14 +142,16 @@ ROOFLINE = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", engine=
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=traces(), spec=policies_, kv=kv_configs, cost=costs,
        max_model_len=st.sampled_from([None, None, 60]),
-       horizon_s=st.sampled_from([None, None, 0.5, 3.0]))
-def test_fast_path_equals_the_general_engine(reqs, spec, kv, cost, max_model_len, horizon_s):
+       horizon_s=st.sampled_from([None, None, 0.5, 3.0]),
+       num_replicas=st.sampled_from([1, 1, 2, 3]))
+def test_fast_path_equals_the_general_engine(reqs, spec, kv, cost, max_model_len, horizon_s,
+                                             num_replicas):
     if cost == "roofline":  # a real roofline: prefill costs memoized, decodes aggregated
         cost = ROOFLINE
         reqs = [sim.Request(r.id, r.arrival_s * 0.02, r.num_prompt_tokens,
                             r.num_output_tokens) for r in reqs]
     kw = {"policy": spec, "cost": cost, "kv": kv, "max_model_len": max_model_len,
-          "horizon_s": horizon_s}
+          "horizon_s": horizon_s, "num_replicas": num_replicas}
     fast = sim.simulate(reqs, **kw)
     slow = sim.simulate(reqs, **kw, checks=True)  # the general engine, invariants checked
     assert_same_run(fast, slow)
