@@ -49,7 +49,8 @@ MAX_STRETCH, MIN_STRETCH = 4096, 40
 INT_COLUMNS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_recomputed_tokens",
                "num_waiting", "kv_used_blocks", "num_regular_itl", "kv_live_tokens")
 FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes")
-#: Step columns that are 0 on this path: one replica, no padding, prefix cache or swapping.
+#: Step columns that are constant on this path (``replica``: ``StepLog.replica``; the others 0:
+#: no padding, prefix cache or swapping).
 ZERO_COLUMNS = frozenset({"replica", "num_padding_tokens", "num_padding_rows",
                           "kv_cached_blocks", "swap_s", "swapped_bytes"})
 
