@@ -91,9 +91,12 @@ SLOW = {"workload": {**SMALL["workload"], "num_requests": 1200},
 
 def start_run(exp: Path, out: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # A suite started in the background (``cmd &``) inherits an ignored SIGINT, and Python then
+    # never installs its Ctrl-C handler: restore the default so the test does not depend on it.
     return subprocess.Popen([sys.executable, "-m", "sim.cli", "run", str(exp), "--out",
                              str(out), *extra], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_first_run(proc: subprocess.Popen, out: Path, timeout: float = 60) -> None:
