@@ -116,6 +116,11 @@ class ConstantCost(_ShapeCost):
         """``k`` successive ``decode_step`` results as arrays."""
         return _flat_decode(self.decode_step(rows, kv_tokens, c_min, c_max), k)
 
+    def mixed_step(self, dec_rows: int, dec_kv: int, dec_c_min: int, dec_c_max: int,
+                   prompts: tuple[int, ...]) -> StepCost:
+        """``step`` of decodes batched with whole prompts (as ``RooflineCost.mixed_step``)."""
+        return StepCost(self.step_s, bound="constant")
+
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """``num_steps`` copies of ``step_s``."""
         return self._flat_series(shape, num_steps)
@@ -154,6 +159,13 @@ class LinearCost(_ShapeCost):
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
         """``k`` successive ``decode_step`` results as arrays (context does not enter)."""
         return _flat_decode(self.decode_step(rows, kv_tokens, c_min, c_max), k)
+
+    def mixed_step(self, dec_rows: int, dec_kv: int, dec_c_min: int, dec_c_max: int,
+                   prompts: tuple[int, ...]) -> StepCost:
+        """``step`` of ``dec_rows`` decodes batched with whole ``prompts``."""
+        tokens = dec_rows + sum(prompts)
+        return StepCost(self.base_s + self.per_token_s * tokens
+                        + self.per_seq_s * (dec_rows + len(prompts)), bound="linear")
 
 
 def _flat_decode(cost: tuple[float, float, float, str], k: int

@@ -1,15 +1,17 @@
-"""Exact fast path: the built-in continuous batching policy (vLLM mode) without per-row work.
+"""Exact fast path: the built-in continuous batching policy without per-row work.
 
 ``sim.engine`` asks the policy for a plan every iteration and touches every running request in
 Python, which caps it near 10^4 steps a second. For the most common configuration — the
-``continuous`` policy in ``vllm`` mode with FCFS admission, paged KV with recompute preemption,
+``continuous`` policy (vLLM or Orca mode) with FCFS admission, paged KV with recompute preemption,
 no prefix caching and a cost model with ``decode_step`` — this module runs the
 same simulation with every per-step operation in O(1) amortized (O(log n) at admissions and
 finishes), producing the same tables bit for bit (tests/test_fastpath.py checks that against
 the general engine on random traces, cost models and KV pressure).
 
 Why that is possible: in vLLM mode every step either prefills newly admitted prompts (running
-decodes wait) or decodes every running request by one token. So a running request's counters
+decodes wait) or decodes every running request by one token; in Orca mode every step decodes
+every running request, and admitted prompts prefill whole alongside (``mixed_step`` costs such
+a batch from the decode aggregates plus the prompts). So a running request's counters
 are affine in the global decode-step count ``G``: ``num_computed = key + G`` with ``key`` fixed
 at admission. The engine keeps only aggregates — the sum of keys (total context), the count of
 keys per residue modulo the block size (who needs a new KV block at the next decode), heaps of
@@ -60,8 +62,10 @@ def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, checks: boo
     """Why this run cannot take the fast path ('' when it can)."""
     if type(policy) is not ContinuousBatching:
         return "policy is not the built-in continuous batching"
-    if policy.mode != "vllm" or policy.ordering != "fcfs":
-        return "continuous batching in orca mode or with a non-FCFS ordering"
+    if policy.ordering != "fcfs":
+        return "continuous batching with a non-FCFS ordering"
+    if policy.mode == "orca" and not callable(getattr(cost, "mixed_step", None)):
+        return "Orca mode with a cost model that has no mixed_step"
     if kv.allocator != "paged" or kv.preemption != "recompute" or kv.prefix_caching:
         return "slab allocation, swap preemption or prefix caching"
     if checks or not event_skipping:
@@ -86,6 +90,7 @@ class _Costs:
         self.for_rows = rows_fn if rows_fn is not None else partial(_fixed_rows, cost)
         self.uses_min = bool(getattr(cost, "decode_uses_min_context", False))
         self.prompts = getattr(cost, "prefill_step", None)  # ``step`` of whole prompts
+        self._mixed = getattr(cost, "mixed_step", None)  # ... with decodes (Orca)
         self._prefill: dict[tuple[int, ...], tuple[float, float, float, str]] = {}
 
     def prefill(self, tokens: tuple[int, ...]) -> tuple[float, float, float, str]:
@@ -107,6 +112,13 @@ class _Costs:
 def _fixed_rows(cost: Any, rows: int) -> Any:
     """``cost.decode_step`` with ``rows`` bound."""
     return partial(cost.decode_step, rows)
+
+
+def _mixed_cost(costs: _Costs, rows: int, kv_tokens: int, c_min: int, c_max: int,
+                prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
+    """Cost of ``rows`` decodes batched with whole ``prompts`` (``cost.mixed_step``)."""
+    s = costs._mixed(rows, kv_tokens, c_min, c_max, prompts)
+    return s.seconds, s.flops, s.bytes, s.bound
 
 
 class FastResult:
@@ -145,6 +157,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
     bs, num_blocks = kv.block_size, kv.num_blocks
     capacity = kv.capacity_tokens
     max_seqs, max_tokens = policy.max_num_seqs, policy.max_num_batched_tokens
+    orca = policy.mode == "orca"  # new prompts share steps with the decodes
     mark_blocks = int(policy.watermark * num_blocks) if num_blocks < (1 << 40) else 0
     limit = kv.max_preemptions
     costs = _Costs(cost)
@@ -277,15 +290,16 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         return need
 
     def first_decode_gaps(end: float, start: float, rows: int) -> int:
-        """The first decode after prefill steps: log the gaps that are not this step's
-        duration (decodes that waited, requests admitted before the last prefill), update the
-        new requests' longest gap; return how many tokens came one step after the last."""
+        """The first decode after steps that admitted requests: log the gaps that are not
+        this step's duration (decodes that waited through prefill-only steps, requests
+        admitted before the last step), update the new requests' longest gap; return how many
+        tokens came one step after the previous."""
         regular = rows
         fresh = 0
         for _, members in groups:
             fresh += len(members)
         old = rows - fresh
-        if old:
+        if old and last_decode_end != start:  # they waited through prefill-only steps
             regular -= old
             add_irregular(end, end - last_decode_end, old)
         for gend, members in groups:
@@ -300,6 +314,122 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                 add_irregular(end, gap, len(members))
         groups.clear()
         return regular
+
+    def choose_admissions(seats: int, budget: int, free: int, mark: int) -> list[int]:
+        """The policy's ``admit_whole_prompts``: the head of the queue (preempted first,
+        newest first; then arrivals) while slots, tokens and blocks above ``mark`` allow."""
+        chosen = []
+        for i in chain(reversed(preempted), waiting) if preempted else waiting:
+            tokens = prompt[i] + gen[i]
+            blocks = -(-tokens // bs)
+            if seats < 1 or tokens > budget or free - blocks < mark:
+                break  # head-of-line: later requests wait behind this one
+            seats -= 1
+            budget -= tokens
+            free -= blocks
+            chosen.append(i)
+        return chosen
+
+    def launch_admitted(admitted: list[int], now: float) -> tuple[list[int], int]:
+        """Take ``admitted`` off the queues and give them their blocks; return their token
+        counts (prompt, or prompt + generated for a recompute) and the recomputed tokens."""
+        nonlocal used
+        num_pre = min(len(admitted), len(preempted))  # the queue lists preempted first
+        del preempted[len(preempted) - num_pre:]
+        for _ in range(len(admitted) - num_pre):
+            waiting.popleft()
+        recomputed = 0
+        sizes = []
+        for i in admitted:
+            status[i] = RUNNING
+            if first_sched[i] != first_sched[i]:
+                first_sched[i] = now
+            tokens = prompt[i] + gen[i]
+            if max_held[i]:
+                recomputed += min(tokens, max_held[i])
+            used += -(-tokens // bs)
+            sizes.append(tokens)
+        return sizes, recomputed
+
+    def commit_admitted(admitted: list[int], sizes: list[int], start: float,
+                        end: float) -> int:
+        """Sample the token each admitted prefill (or recompute) yields at ``end``; finish,
+        reject or start decoding each. Return how many of those tokens were regular."""
+        nonlocal used
+        regular = 0
+        members = []
+        for i, tokens in zip(admitted, sizes, strict=True):
+            if tokens > max_held[i]:
+                max_held[i] = tokens
+            g = gen[i] = gen[i] + 1
+            last = last_tok[i]
+            last_tok[i] = end
+            if g == 1:
+                first_tok[i] = end
+            else:
+                gap = end - last
+                if gap > max_itl[i]:
+                    max_itl[i] = gap
+                if last == start:
+                    regular += 1
+                else:
+                    add_irregular(end, gap)
+            if g >= out[i]:
+                status[i] = FINISHED
+                finish[i] = end
+                used -= -(-tokens // bs)
+            elif tokens >= capacity and -(-(tokens + 1) // bs) > num_blocks:
+                used -= -(-tokens // bs)
+                reject(i, end, "context outgrew the KV cache")
+            else:
+                admit_running(i, tokens, end)
+                members.append(i)
+        groups.append((end, members))
+        return regular
+
+    def mixed_step(admitted: list[int], now: float, rows: int) -> None:
+        """An Orca step: every running request decodes while ``admitted`` prefill whole
+        (decode blocks already taken); log it as the general engine would."""
+        nonlocal G, last_decode_end, last_secs
+        sizes, recomputed = launch_admitted(admitted, now)
+        held = used
+        c_max = G + 1 - top(max_heap)
+        c_min = G + 1 + top(min_heap) if uses_min else c_max
+        secs, flops, nbytes, bound = _mixed_cost(costs, rows, key_sum + rows * (G + 1), c_min,
+                                                 c_max, tuple(sizes))
+        end = now + secs
+        last_secs = secs
+        G += 1
+        regular = first_decode_gaps(end, now, rows) if groups else rows
+        if G >= 2:
+            push_gap(end - last_decode_end)
+        last_decode_end = end
+        live = key_sum + rows * G + sum(sizes)
+        if fin_heap and fin_heap[0][0] <= G:
+            finish_due(end)
+        drop_outgrown(c_max, end)
+        regular += commit_admitted(admitted, sizes, now, end)
+        record(now, end, rows + len(admitted), sum(sizes), rows, recomputed, held, flops,
+               nbytes, bound, regular, live)
+
+    def push_gap(gap: float) -> None:
+        """The decode-to-decode gap of step ``G`` joins the monotonic stack."""
+        while gap_val and gap_val[-1] <= gap:
+            gap_val.pop()
+            gap_idx.pop()
+        gap_idx.append(G)
+        gap_val.append(gap)
+
+    def drop_outgrown(c_max: int, end: float) -> None:
+        """Reject the running request whose context reached the cache's size, if any
+        (``c_max``, the longest context this step, tells cheaply that none did)."""
+        while c_max >= capacity and running and G - top(max_heap) >= capacity:
+            i = max_heap[0][1]
+            if -(-(key[i] + G + 1) // bs) <= num_blocks:
+                break
+            del running[i]
+            leave(i)
+            reject(i, end, "context outgrew the KV cache")
 
     def finish_due(end: float) -> None:
         """Release the requests whose last token came at the end of decode step ``G``."""
@@ -411,72 +541,19 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                 break
             now = arrival[nxt]
             continue
-        start = now
         # -- admission: whole prompts, FCFS, while slots, token budget and blocks allow -----
-        admitted: list[int] | None = None
-        if (waiting or preempted) and num_running < max_seqs:
-            admitted = []
-            mark = mark_blocks if num_running else 0
-            seats, budget, free = max_seqs - num_running, max_tokens, num_blocks - used
-            for i in chain(reversed(preempted), waiting) if preempted else waiting:
-                tokens = prompt[i] + gen[i]
-                blocks = -(-tokens // bs)
-                if seats < 1 or tokens > budget or free - blocks < mark:
-                    break  # head-of-line: later requests wait behind this one
-                seats -= 1
-                budget -= tokens
-                free -= blocks
-                admitted.append(i)
+        # (vLLM mode: before any decode; Orca mode: only when nothing runs, else below)
+        admitted = None
+        if (waiting or preempted) and num_running < max_seqs and not (orca and num_running):
+            admitted = choose_admissions(max_seqs - num_running, max_tokens,
+                                         num_blocks - used, mark_blocks if num_running else 0)
         if admitted:
-            num_pre = min(len(admitted), len(preempted))  # the queue lists preempted first
-            del preempted[len(preempted) - num_pre:]
-            for _ in range(len(admitted) - num_pre):
-                waiting.popleft()
-            recomputed = 0
-            sizes = []
-            for i in admitted:
-                status[i] = RUNNING
-                if first_sched[i] != first_sched[i]:
-                    first_sched[i] = now
-                tokens = prompt[i] + gen[i]
-                if max_held[i]:
-                    recomputed += min(tokens, max_held[i])
-                used += -(-tokens // bs)
-                sizes.append(tokens)
+            sizes, recomputed = launch_admitted(admitted, now)
             secs, flops, nbytes, bound = costs.prefill(tuple(sizes))
             end = now + secs
             held = used
-            regular = 0
-            live = key_sum + num_running * G
-            members = []
-            for i, tokens in zip(admitted, sizes, strict=True):
-                live += tokens
-                if tokens > max_held[i]:
-                    max_held[i] = tokens
-                g = gen[i] = gen[i] + 1
-                last = last_tok[i]
-                last_tok[i] = end
-                if g == 1:
-                    first_tok[i] = end
-                else:
-                    gap = end - last
-                    if gap > max_itl[i]:
-                        max_itl[i] = gap
-                    if last == start:
-                        regular += 1
-                    else:
-                        add_irregular(end, gap)
-                if g >= out[i]:
-                    status[i] = FINISHED
-                    finish[i] = end
-                    used -= -(-tokens // bs)
-                elif tokens >= capacity and -(-(tokens + 1) // bs) > num_blocks:
-                    used -= -(-tokens // bs)
-                    reject(i, end, "context outgrew the KV cache")
-                else:
-                    admit_running(i, tokens, end)
-                    members.append(i)
-            groups.append((end, members))
+            live = key_sum + num_running * G + sum(sizes)
+            regular = commit_admitted(admitted, sizes, now, end)
             record(now, end, len(admitted), sum(sizes), 0, recomputed, held, flops, nbytes,
                    bound, regular, live)
             now = end
@@ -499,11 +576,24 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                             break
                         continue
                 need = residues[-G % bs]
-                if need > num_blocks - used:
+                victims = need > num_blocks - used
+                if victims:
                     need = preempt_newest(need, now)
                     queued = len(waiting) + len(preempted) + len(over_budget)
                 rows = len(running)
                 used += need
+                if orca and queued and not victims and (waiting or preempted):
+                    # Orca: new prompts join this very step, in what the decodes leave
+                    admitted = choose_admissions(max_seqs - rows, max_tokens - rows,
+                                                 num_blocks - used, mark_blocks)
+                    if admitted:
+                        mixed_step(admitted, now, rows)
+                        now = last_decode_end
+                        queued = len(waiting) + len(preempted) + len(over_budget)
+                        if ((nxt < n and arrival[nxt] <= now) or queued or not running
+                                or (horizon_s is not None and now >= horizon_s)):
+                            break
+                        continue
                 held = used
                 entry = max_heap[0]
                 if entry[2] != epoch[entry[1]]:
@@ -520,7 +610,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                 end = now + secs
                 G += 1
                 regular = first_decode_gaps(end, now, rows) if groups else rows
-                if G >= 2:
+                if G >= 2:  # ``push_gap``, inlined
                     gap = end - last_decode_end
                     while gap_val and gap_val[-1] <= gap:
                         gap_val.pop()
@@ -531,14 +621,8 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                 live = key_sum + rows * G
                 if fin_heap and fin_heap[0][0] <= G:
                     finish_due(end)
-                # c_max is the longest context now (or more, if its request just finished)
-                while c_max >= capacity and running and G - top(max_heap) >= capacity:
-                    i = max_heap[0][1]
-                    if -(-(key[i] + G + 1) // bs) <= num_blocks:
-                        break
-                    del running[i]
-                    leave(i)
-                    reject(i, end, "context outgrew the KV cache")
+                if c_max >= capacity:  # (c_max: the longest context now, or more)
+                    drop_outgrown(c_max, end)
                 # ``record``, inlined: this runs once per decode step
                 put_ints((rows, 0, rows, 0, queued, held, regular, live))
                 put_floats((now, end - now, flops, nbytes))

@@ -31,29 +31,43 @@ class AggregateSteps:
         """``step`` of a batch of whole prompts (each row's context is its new tokens), with
         the attention terms computed in plain Python: bit-identical to ``step`` and several
         times faster on the few rows a prefill step usually has."""
+        return self.mixed_step(0, 0, 0, 0, prompts)
+
+    def mixed_step(self, dec_rows: int, dec_kv: int, dec_c_min: int, dec_c_max: int,
+                   prompts: tuple[int, ...]) -> StepCost:
+        """``step`` of ``dec_rows`` one-token decodes (attending ``dec_kv`` keys in all, the
+        shortest row ``dec_c_min``, the longest ``dec_c_max``) batched with whole prompts
+        (Orca's mixed steps), bit-identical to ``step``."""
         if self.model.sliding_window is not None:
-            raise ValueError("prefill_step: a sliding-window model needs per-row contexts")
-        T = 0
+            raise ValueError("mixed_step: a sliding-window model needs per-row contexts")
+        T = dec_rows
         for n in prompts:
             T += n
-        return self._assemble(float(T), len(prompts), self._prompt_attention(prompts, T))
+        return self._assemble(float(T), dec_rows + len(prompts), self._prompt_attention(
+            prompts, T, (dec_rows, dec_kv, dec_c_min, dec_c_max)))
 
-    def _prompt_attention(self, prompts: tuple[int, ...], tokens: int
+    def _prompt_attention(self, prompts: tuple[int, ...], tokens: int,
+                          decodes: tuple[int, int, int, int] = (0, 0, 0, 0)
                           ) -> tuple[list[float], ...]:
-        """``_attention`` for whole prompts (context == new tokens, no window), in Python
-        scalars with numpy's operations in numpy's order: the same floats, bit for bit."""
+        """``_attention`` for whole prompts (context == new tokens, no window) and ``decodes``
+        (rows, keys, shortest and longest context of one-token decode rows), in Python scalars
+        with numpy's operations in numpy's order: the same floats, bit for bit."""
         p, fpp, kvt, bw = self.params, self._attn_flops_pair, self._kv_bytes_tok_layer, \
             self._att_bw
-        n_dec = pairs_all = 0
+        dec_rows, dec_kv, dec_lo, dec_hi = decodes
+        n_dec, pairs_all = dec_rows, dec_kv  # a decode row's causal pairs are its context
         for n in prompts:
             pairs_all += n * n - (n * n - n) // 2
             if n == 1:
                 n_dec += 1
-        kv_all = tokens  # each row attends its own prompt
+        kv_all = dec_kv + tokens - dec_rows  # each prompt row attends its own prompt
         new_pf = tokens - n_dec
-        kv_dec = n_dec  # a one-token prompt (a "decode" row to the kernel) attends one key
-        # the tail looks at every row once a prefill is in, else at the decode rows (all 1)
-        c_lo, c_hi = (min(prompts), max(prompts)) if new_pf else (1, 1)
+        kv_dec = dec_kv + n_dec - dec_rows  # a one-token prompt (a "decode" row) attends one
+        # the tail looks at every row: decode rows alone, or all rows once a prefill is in
+        c_lo = min(prompts) if prompts else dec_lo
+        c_hi = max(prompts) if prompts else dec_hi
+        if dec_rows and prompts:
+            c_lo, c_hi = min(c_lo, dec_lo), max(c_hi, dec_hi)
         c_min = float(c_lo) if p.attention_row_tokens + 1.0 > self._split else 0.0
         tail = self._decode_tail_s(c_min, float(c_hi))
         out = []
@@ -64,7 +78,7 @@ class AggregateSteps:
             out.append([f / (self._peak * p.attention_compute_eff) + g, b / bw + g, f, b])
         if new_pf:
             f = fpp * (pairs_all - kv_dec)
-            rows_pf = len(prompts) - n_dec
+            rows_pf = dec_rows + len(prompts) - n_dec
             b = (kvt * (kv_all - kv_dec + new_pf + rows_pf * p.attention_row_tokens)
                  + self._q_bytes_tok * new_pf)
             chunk = new_pf / rows_pf

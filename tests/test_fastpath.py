@@ -1,13 +1,14 @@
 """The exact fast path (``sim.fastpath``) is the general engine, only faster.
 
-Specification: for every run it covers — continuous batching in vLLM mode with FCFS admission,
+Specification: for every run it covers — continuous batching (vLLM or Orca mode) with FCFS,
 paged KV with recompute preemption, any number of replicas — ``simulate`` gives the same
 request table, step table, irregular inter-token gaps and summary, bit for bit, as the general
 engine with its per-step invariant checks on. Random traces push it through KV preemption, the
 ``max_preemptions`` limit, prompts over the token budget, ``max_model_len`` rejections,
 contexts outgrowing the cache, the watermark and the horizon. Its decode costs come from
-``decode_step`` and its prefill costs from ``prefill_step``, which must equal ``step`` on every
-pure-decode batch and every batch of whole prompts, on every GPU and model.
+``decode_step`` and its prefill costs from ``prefill_step`` (``mixed_step`` in Orca mode), which
+must equal ``step`` on every pure-decode batch, batch of whole prompts and mix of the two, on
+every GPU and model.
 """
 from __future__ import annotations
 
@@ -70,6 +71,13 @@ def test_decode_and_prefill_steps_equal_step_on_every_model(gpu):
                     want = cost.step(BatchShape(prompts, prompts))
                     got = cost.prefill_step(tuple(int(n) for n in prompts))
                     assert got == want, (model, tp, overrides, prompts)
+                    # ... and the same prompts joining 40 decodes (an Orca step)
+                    ctx = rng.integers(1, 30_000, 40)
+                    want = cost.step(BatchShape(np.concatenate([np.ones(40, np.int64), prompts]),
+                                                np.concatenate([ctx, prompts])))
+                    got = cost.mixed_step(40, int(ctx.sum()), int(ctx.min()), int(ctx.max()),
+                                          tuple(int(n) for n in prompts))
+                    assert got == want, (model, tp, overrides, prompts, "mixed")
                 for rows in (1, 2, 7, 64, 255):
                     ctx = rng.integers(1, 30_000, rows)
                     want = cost.step(BatchShape(np.ones(rows, dtype=np.int64), ctx))
@@ -87,14 +95,23 @@ def test_analytic_decode_step_equals_step(cost):
             want.seconds, want.flops, want.bytes, want.bound)
 
 
+class _DecodeOnly:
+    """A cost model with ``decode_step`` but no ``mixed_step``: no Orca mode on the fast path."""
+
+    def decode_step(self, rows, kv_tokens, c_min, c_max):
+        return 0.1, 0.0, 0.0, "constant"
+
+
 # -- which runs take it --------------------------------------------------------------------------
 def test_only_the_covered_configurations_take_the_fast_path():
     cost = sim.ConstantCost(0.1)
     paged = KVConfig(num_blocks=100)
     ok = {"checks": False, "event_skipping": True}
     assert fast_path_blocker(make_policy("continuous"), paged, cost, **ok) == ""
+    assert fast_path_blocker(make_policy({"name": "continuous", "mode": "orca"}), paged, cost,
+                             **ok) == ""
     blocked = [
-        (make_policy({"name": "continuous", "mode": "orca"}), paged, cost, ok),
+        (make_policy({"name": "continuous", "mode": "orca"}), paged, _DecodeOnly(), ok),
         (make_policy({"name": "continuous", "ordering": "spf"}), paged, cost, ok),
         (make_policy("chunked_prefill"), paged, cost, ok),
         (make_policy("continuous"), KVConfig(num_blocks=100, allocator="slab",
@@ -126,6 +143,7 @@ policies_ = st.fixed_dictionaries({
     "max_num_seqs": st.integers(1, 12),
     "max_num_batched_tokens": st.sampled_from([16, 64, 256, 8192]),
     "watermark": st.sampled_from([0.0, 0.01, 0.2]),
+    "mode": st.sampled_from(["vllm", "orca"]),
 })
 kv_configs = st.none() | st.fixed_dictionaries(
     {"num_blocks": st.integers(1, 60), "block_size": st.sampled_from([1, 2, 4, 16])},
@@ -157,7 +175,8 @@ def test_fast_path_equals_the_general_engine(reqs, spec, kv, cost, max_model_len
     assert_same_run(fast, slow)
 
 
-def test_fast_path_equals_the_general_engine_under_kv_pressure_at_scale():
+@pytest.mark.parametrize("mode", ["vllm", "orca"])
+def test_fast_path_equals_the_general_engine_under_kv_pressure_at_scale(mode):
     # 600 requests of long-tailed traffic on a cache far too small: hundreds of preemptions.
     rng = np.random.default_rng(7)
     n = 600
@@ -166,7 +185,7 @@ def test_fast_path_equals_the_general_engine_under_kv_pressure_at_scale():
     outputs = np.minimum(rng.lognormal(4.5, 1.0, n).astype(int) + 1, 1000)
     reqs = [sim.Request(i, float(arrivals[i]), int(prompts[i]), int(outputs[i]))
             for i in range(n)]
-    kw = {"policy": {"name": "continuous", "max_num_seqs": 64}, "cost": ROOFLINE,
+    kw = {"policy": {"name": "continuous", "max_num_seqs": 64, "mode": mode}, "cost": ROOFLINE,
           "kv": {"num_blocks": 400, "block_size": 16}}
     fast = sim.simulate(reqs, **kw)
     slow = sim.simulate(reqs, **kw, fast_path=False)

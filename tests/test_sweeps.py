@@ -81,11 +81,11 @@ def test_seed_sweep_writes_mean_and_ci95(tmp_path):
         assert row["p99_ttft_ms_ci95"] == pytest.approx(v.sem() * stats.t.ppf(0.975, 2))
 
 
-# ~1 s of simulation per run: slow enough to interrupt a 6-run sweep between runs. Orca mode
-# keeps it on the general engine (vLLM mode runs them in ~0.1 s on the fast path,
-# and the sweep would end before the signal lands).
+# ~1 s of simulation per run: slow enough to interrupt a 6-run sweep between runs. Shortest-
+# prompt-first ordering keeps it on the general engine (FCFS runs it in ~0.1 s on the fast
+# path, and the sweep would end before the signal lands).
 SLOW = {"workload": {**SMALL["workload"], "num_requests": 1200},
-        "policy": {**SMALL["policy"], "mode": "orca"},
+        "policy": {**SMALL["policy"], "ordering": "spf"},
         "sweep": {"seed": [0, 1, 2], "workload.arrival.rate": [50, 100]}}
 
 
