@@ -93,6 +93,12 @@ class _Costs:
         self._mixed = getattr(cost, "mixed_step", None)  # ... with decodes (Orca)
         self._prefill: dict[tuple[int, ...], tuple[float, float, float, str]] = {}
 
+    def mixed(self, rows: int, kv_tokens: int, c_min: int, c_max: int,
+              prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
+        """Cost of ``rows`` decodes batched with whole ``prompts`` (``cost.mixed_step``)."""
+        s = self._mixed(rows, kv_tokens, c_min, c_max, prompts)
+        return s.seconds, s.flops, s.bytes, s.bound
+
     def prefill(self, tokens: tuple[int, ...]) -> tuple[float, float, float, str]:
         """Cost of a step computing these whole prompts (context = tokens) and nothing else."""
         c = self._prefill.get(tokens)
@@ -112,13 +118,6 @@ class _Costs:
 def _fixed_rows(cost: Any, rows: int) -> Any:
     """``cost.decode_step`` with ``rows`` bound."""
     return partial(cost.decode_step, rows)
-
-
-def _mixed_cost(costs: _Costs, rows: int, kv_tokens: int, c_min: int, c_max: int,
-                prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
-    """Cost of ``rows`` decodes batched with whole ``prompts`` (``cost.mixed_step``)."""
-    s = costs._mixed(rows, kv_tokens, c_min, c_max, prompts)
-    return s.seconds, s.flops, s.bytes, s.bound
 
 
 class FastResult:
@@ -192,7 +191,8 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
     can_stretch = decode_series is not None and deadline is None
     gap_idx: list[int] = []  # monotonic stack of (decode index, gap to the previous decode)
     gap_val: list[float] = []
-    groups: list[tuple[float, list[int]]] = []  # prefill steps since the last decode step
+    # steps that admitted requests since the last decode step: (end, those still running)
+    groups: list[tuple[float, list[int]]] = []
 
     def suffix_max(first: int) -> float:
         """Largest decode-to-decode gap of decode steps ``first``..``G``."""
@@ -395,8 +395,8 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         held = used
         c_max = G + 1 - top(max_heap)
         c_min = G + 1 + top(min_heap) if uses_min else c_max
-        secs, flops, nbytes, bound = _mixed_cost(costs, rows, key_sum + rows * (G + 1), c_min,
-                                                 c_max, tuple(sizes))
+        secs, flops, nbytes, bound = costs.mixed(rows, key_sum + rows * (G + 1), c_min, c_max,
+                                                 tuple(sizes))
         end = now + secs
         last_secs = secs
         G += 1
