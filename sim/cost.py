@@ -168,12 +168,13 @@ class LinearCost(_ShapeCost):
                         + self.per_seq_s * (dec_rows + len(prompts)), bound="linear")
 
 
+    def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
+        """Context length does not enter the linear model: a flat series."""
+        return self._flat_series(shape, num_steps)
+
+
 def _flat_decode(cost: tuple[float, float, float, str], k: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """``k`` copies of one ``decode_step`` result, as ``decode_series`` returns them."""
     seconds, flops, nbytes, bound = cost
     return np.full(k, seconds), np.full(k, flops), np.full(k, nbytes), [bound] * k
-
-    def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
-        """Context length does not enter the linear model: a flat series."""
-        return self._flat_series(shape, num_steps)

@@ -199,9 +199,9 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         j = bisect_left(gap_idx, first)
         return gap_val[j] if j < len(gap_val) else -math.inf
 
-    def leave(i: int) -> int:
-        """Materialize running request ``i``'s counters and drop it from the aggregates;
-        return the blocks it held."""
+    def leave(i: int) -> None:
+        """Materialize running request ``i``'s counters and drop it from the aggregates,
+        releasing its blocks."""
         nonlocal key_sum, used
         k = key[i]
         computed = k + G
@@ -220,9 +220,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         key_sum -= k
         residues[k % bs] -= 1
         epoch[i] += 1
-        blocks = -(-computed // bs)
-        used -= blocks
-        return blocks
+        used -= -(-computed // bs)
 
     def reject(i: int, now: float, why: str) -> None:
         status[i] = REJECTED
@@ -564,7 +562,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
             while True:
                 if (can_stretch and fin_heap[0][0] - G >= MIN_STRETCH
                         and (nxt >= n or arrival[nxt] - now >= MIN_STRETCH * last_secs)
-                        and not (groups or waiting or preempted or over_budget)):
+                        and not (groups or queued)):
                     end = decode_stretch(now)  # a cheap pre-check above: most steps are near
                     # an arrival or a finish, and numpy only pays over long stretches
                     if end is not None:  # many steps at once, up to a finish or arrival

@@ -41,7 +41,7 @@ def _new_columns() -> dict[str, Any]:
             for c in STEP_COLUMNS}
 
 
-def extend_column(col: array, values: Any, k: int) -> None:
+def _put(col: array, values: Any, k: int) -> None:
     """Append ``k`` values (a scalar repeated, or an array) to a typed column without boxing."""
     if isinstance(values, np.ndarray):
         dtype = np.float64 if col.typecode == "d" else np.int64
@@ -142,7 +142,7 @@ class StepLog:
                 ("num_padding_rows", num_padding_rows), ("num_waiting", num_waiting),
                 ("kv_used_blocks", kv_used), ("flops", series.flops),
                 ("bytes", series.bytes), ("num_regular_itl", regular_itl)):
-            extend_column(c[name], value, k)
+            _put(c[name], value, k)
         c["bound"].extend(series.bound[:k])
 
     def __len__(self) -> int:
@@ -154,13 +154,17 @@ class StepLog:
         if not len(self):  # keep the dtypes an empty table always had
             return pd.DataFrame({k: [] for k in STEP_COLUMNS}, columns=list(STEP_COLUMNS))
         n = len(self)
-        data = {k: (v if k == "bound" else
-                    np.full(n, self.replica, dtype=np.int64) if k == "replica" and self.replica
-                    and k in self.zero_columns else
-                    np.zeros(n, dtype=np.float64 if v.typecode == "d" else np.int64)
-                    if k in self.zero_columns else
-                    np.frombuffer(v, dtype=np.float64 if v.typecode == "d" else np.int64))
-                for k, v in c.items()}
+        data = {}
+        for k, v in c.items():
+            dtype = np.float64 if k != "bound" and v.typecode == "d" else np.int64
+            if k == "bound":
+                data[k] = v
+            elif k not in self.zero_columns:
+                data[k] = np.frombuffer(v, dtype=dtype)
+            elif k == "replica" and self.replica:
+                data[k] = np.full(n, self.replica, dtype=np.int64)
+            else:
+                data[k] = np.zeros(n, dtype=dtype)
         for names, packed, dtype in ((self.packed_int_columns, self.packed_ints, np.int64),
                                      (self.packed_float_columns, self.packed_floats,
                                       np.float64)):

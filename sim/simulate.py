@@ -146,8 +146,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     end a run early; its summary then says ``partial: True``. ``max_model_len`` rejects
     requests whose prompt + output exceed it (vLLM's context limit); ``"model"`` takes the cost
     model's ``model.max_position_embeddings`` when it has one, ``None`` means no limit.
-    ``fast_path`` lets a run the exact fast path covers (``sim.fastpath``: continuous batching
-    in vLLM mode, paged KV) use it; ``False`` forces the general engine.
+    ``fast_path`` lets a run the exact fast path covers (``sim.fastpath``: FCFS continuous
+    batching, vLLM or Orca mode, paged KV with recompute) use it; ``False`` forces the
+    general engine.
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
