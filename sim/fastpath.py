@@ -90,6 +90,7 @@ class _Costs:
         self.for_rows = rows_fn if rows_fn is not None else partial(_fixed_rows, cost)
         self.uses_min = bool(getattr(cost, "decode_uses_min_context", False))
         self.prompts = getattr(cost, "prefill_step", None)  # ``step`` of whole prompts
+        self.lean = getattr(cost, "prefill_cost", None)  # ... as a tuple, no breakdown
         self._mixed = getattr(cost, "mixed_step", None)  # ... with decodes (Orca)
         self._prefill: dict[tuple[int, ...], tuple[float, float, float, str]] = {}
 
@@ -103,12 +104,15 @@ class _Costs:
         """Cost of a step computing these whole prompts (context = tokens) and nothing else."""
         c = self._prefill.get(tokens)
         if c is None:
-            if self.prompts is not None:
-                s = self.prompts(tokens)
+            if self.lean is not None:
+                c = self.lean(tokens)
             else:
-                arr = np.asarray(tokens, dtype=np.int64)
-                s = self.cost.step(BatchShape(arr, arr, 0))
-            c = (s.seconds, s.flops, s.bytes, s.bound)
+                if self.prompts is not None:
+                    s = self.prompts(tokens)
+                else:
+                    arr = np.asarray(tokens, dtype=np.int64)
+                    s = self.cost.step(BatchShape(arr, arr, 0))
+                c = (s.seconds, s.flops, s.bytes, s.bound)
             if len(self._prefill) > 1 << 18:  # bound the memo on adversarial traces
                 self._prefill.clear()
             self._prefill[tokens] = c

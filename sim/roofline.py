@@ -183,8 +183,9 @@ class RooflineCost(AggregateSteps, _ShapeCost):
         bus = (ic.bus_bw_gbps if ic.nvlink_gbps > 0 else self.gpu.pcie_gbps) * 1e9 * p.comm_eff
         setf(self, "_bus", bus)
         setf(self, "_alpha", p.allreduce_alpha_s + p.alpha_per_peer_s * max(0, tp - 2))
-        setf(self, "_decode_consts", {})  # rows -> ``_decode_constants(rows)``
+        setf(self, "_decode_consts", {})  # rows -> ``decode_constants(rows)``
         setf(self, "_dense_memo", {})  # (T, rows) -> ``_dense(T, rows)``
+        setf(self, "_prefill_consts", {})  # (T, rows) -> ``dense_constants(T, rows)``
         setf(self, "_decode_fn", [])  # the ``decode_step_function`` closure, once built
 
     def _weight_params_per_gpu(self) -> float:

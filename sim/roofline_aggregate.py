@@ -124,14 +124,11 @@ class AggregateSteps:
             return fn[0]
         if self.model.sliding_window is not None:
             raise ValueError("decode_step: a sliding-window model needs per-row contexts")
-        p, L, tp = self.params, self.model.num_layers, self.tp
-        consts, make = self._decode_consts, self._decode_constants
-        fpp, kvt, g = self._attn_flops_pair, self._kv_bytes_tok_layer, self._gqa_lat
-        row_tok, q_bytes = p.attention_row_tokens, self._q_bytes_tok
-        peak_att, att_bw = self._peak * p.attention_compute_eff, self._att_bw
+        L, tp = self.model.num_layers, self.tp
+        consts, make = self._decode_consts, self.decode_constants
+        fpp, kvt, g, row_tok, q_bytes, peak_att, att_bw, hkv, split, par_half = \
+            self.decode_scalars()
         uses_min = self.decode_uses_min_context
-        # ``_decode_unit_s`` and ``_decode_tail_s``, inlined with the same operations
-        hkv, split, par_half = self._hkv, self._split, p.attention_decode_par_half
 
         def unit(c: float) -> float:
             tc = fpp * c / peak_att
@@ -248,6 +245,17 @@ class AggregateSteps:
         fn.extend((decode_step, decode_series, for_rows))
         return decode_step
 
+    def decode_scalars(self) -> tuple[float, ...]:
+        """The model constants a pure-decode step's attention cost reads, in the order
+        ``(flops per key, KV bytes per token and layer, GQA latency, row tokens, query bytes,
+        attention peak FLOP/s, attention bandwidth, KV heads, split tokens, decode par_half)``
+        (what ``decode_step``'s closure binds; ``sim.fastkernel`` passes them to its kernel).
+        ``_decode_unit_s`` and ``_decode_tail_s`` are these, inlined with the same operations."""
+        p = self.params
+        return (self._attn_flops_pair, self._kv_bytes_tok_layer, self._gqa_lat,
+                p.attention_row_tokens, self._q_bytes_tok, self._peak * p.attention_compute_eff,
+                self._att_bw, self._hkv, self._split, p.attention_decode_par_half)
+
     def decode_step_for_rows(self, rows: int):  # noqa: ANN201 - a closure
         """``decode_step`` with ``rows`` fixed: ``f(kv_tokens, c_min, c_max)``, for callers
         that cost many decode steps of one batch size in a row."""
@@ -263,12 +271,19 @@ class AggregateSteps:
         self.decode_step_function()
         return self._decode_fn[1](rows, kv_tokens, c_min, c_max, k)
 
-    def _decode_constants(self, rows: int) -> tuple[float, ...]:
-        """The parts of ``step`` for ``rows`` decode rows that attention does not touch, as
-        partial sums in ``step``'s order of operations (from ``_dense``)."""
+    def decode_constants(self, rows: int) -> tuple[float, ...]:
+        """``dense_constants`` of a pure-decode step of ``rows`` rows (``rows`` tokens)."""
+        return self.dense_constants(float(rows), rows)
+
+    def dense_constants(self, T: float, rows: int) -> tuple[float, ...]:
+        """The parts of ``step`` for ``T`` tokens in ``rows`` rows that attention does not
+        touch, as partial sums in ``step``'s order of operations (from ``_dense``): 21 numbers,
+        in the order ``decode_step``'s closure unpacks them (``sim._kernel_loop`` indexes them).
+        With them, a step whose attention is one operator is a handful of operations
+        (``assemble_one_attention``)."""
         p, L = self.params, self.model.num_layers
         lat = p.kernel_latency_s
-        dense_secs, before, norms, comm, emb, lm_head, overhead = self._dense(float(rows), rows)
+        dense_secs, before, norms, comm, emb, lm_head, overhead = self._dense(T, rows)
         secs = dict(dense_secs)
         s3 = secs["qkv_proj"] * L + secs["o_proj"] * L + secs["mlp"] * L
         t_norm = max(norms[0], norms[1]) + 4 * lat
@@ -289,3 +304,50 @@ class AggregateSteps:
                                                        + self._q_bytes_tok),
                 ((m0 + att_lat) + t_norm) * L + tally[1], c0 * L + tally[0])
 
+    def prefill_cost(self, prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
+        """``(seconds, flops, bytes, bound)`` of ``prefill_step(prompts)`` without building its
+        breakdown: the same floats, from ``dense_constants`` (memoized by tokens and rows) and
+        the attention operator. What an engine costing many prefill steps wants."""
+        if self.model.sliding_window is not None:
+            raise ValueError("prefill_cost: a sliding-window model needs per-row contexts")
+        T = 0
+        for n in prompts:
+            T += n
+        ops = self._prompt_attention(prompts, T)
+        if len(ops) != 1:  # one-token prompts make a second (decode) operator: the long way
+            s = self.prefill_step(prompts)
+            return s.seconds, s.flops, s.bytes, s.bound
+        key = (T, len(prompts))
+        consts = self._prefill_consts.get(key)
+        if consts is None:
+            if len(self._prefill_consts) > 1 << 16:  # bound the memo
+                self._prefill_consts.clear()
+            consts = self._prefill_consts[key] = self.dense_constants(float(T), len(prompts))
+        tc, tm, f, b = ops[0]
+        return assemble_one_attention(consts, tc, tm, f, b, self.model.num_layers, self.tp)
+
+
+def assemble_one_attention(consts: tuple[float, ...], tc: float, tm: float, f: float, b: float,
+                           L: int, tp: int) -> tuple[float, float, float, str]:
+    """``step``'s ``(seconds, flops, bytes, bound)`` from ``dense_constants`` and the step's one
+    attention operator ``(compute s, memory s, flops, bytes)`` per layer, in ``_assemble``'s
+    order of operations (``decode_step``'s closure inlines the same lines)."""
+    (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s, overhead, c2,
+     m2, f2, b2, _, _, memory_if_compute, compute_if_memory) = consts
+    if tc > tm:
+        t = tc
+        compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
+    else:
+        t = tm
+        compute_s = compute_if_memory
+        memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
+    seconds = s3 + (t + att_lat) * L + norms_l
+    if tp > 1:
+        seconds += comm_l
+    seconds = seconds + emb_s + lm_s + overhead
+    bound, top = ("memory", memory_s) if memory_s >= compute_s else ("compute", compute_s)
+    if comm_l > top:
+        bound, top = "comm", comm_l
+    if overhead >= top:
+        bound = "overhead"
+    return seconds, ((t2 + f) * L + f2) * tp, (((t3 + b) + e_norm) * L + b2) * tp, bound

@@ -19,6 +19,7 @@ import simpy
 
 from policies import make_policy
 from policies.registry import Policy
+from sim import fastkernel
 from sim.cost import CostModel
 from sim.engine import Replica
 from sim.fastpath import FastResult, fast_path_blocker, run_continuous
@@ -131,7 +132,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
              slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
              checks: bool = False, event_skipping: bool = True,
              wall_clock_s: float | None = None,
-             max_model_len: int | None | str = "model", fast_path: bool = True) -> SimResult:
+             max_model_len: int | None | str = "model", fast_path: bool | str = True
+             ) -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
 
     ``requests`` may also be columnar (``TraceArrays``, what ``sim.workload`` builds; ids are
@@ -148,8 +150,15 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     model's ``model.max_position_embeddings`` when it has one, ``None`` means no limit.
     ``fast_path`` lets a run the exact fast path covers (``sim.fastpath``: FCFS continuous
     batching, vLLM or Orca mode, paged KV with recompute) use it; ``False`` forces the
-    general engine.
+    general engine. ``True`` runs replicas with at least ``COMPILED_MIN_REQUESTS`` requests in
+    vLLM mode on a roofline through the compiled kernel (``sim.fastkernel``) and the rest
+    interpreted; ``"compiled"`` and ``"interpreted"`` choose one of the two whatever the size
+    (``"compiled"`` falls back to interpreted where the kernel does not apply). All give the
+    same results, bit for bit.
     """
+    if fast_path not in _FAST_PATH_CHOICES:
+        raise ValueError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
+                         f"got {fast_path!r}")
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     kv_config = resolve_kv(kv, cost)
@@ -164,12 +173,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         # replicas never interact: each runs alone on its round-robin share
         cols = _arrival_columns(requests)
         logs = [StepLog() for _ in policies]
-        outs = [run_continuous(cols["arrival_s"][k::num_replicas].tolist(),
-                               cols["num_prompt_tokens"][k::num_replicas].tolist(),
-                               cols["num_output_tokens"][k::num_replicas].tolist(),
-                               policies[k], cost, kv_config, logs[k],
-                               max_model_len=max_model_len, horizon_s=horizon_s,
-                               deadline=deadline, replica=k) for k in range(num_replicas)]
+        outs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
+                          fast_path, max_model_len=max_model_len, horizon_s=horizon_s,
+                          deadline=deadline) for k in range(num_replicas)]
         table = _fast_request_table(cols, outs)
     else:
         if isinstance(requests, TraceArrays):
@@ -200,6 +206,27 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
     return SimResult(table, steps, summary, (gaps, counts), kv_config)
+
+
+_FAST_PATH_CHOICES = (True, False, "compiled", "interpreted")
+
+
+def _run_fast(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Policy,
+              cost: CostModel, kv: KVConfig, log: StepLog, choice: bool | str, *,
+              max_model_len: int | None, horizon_s: float | None,
+              deadline: float | None) -> FastResult:
+    """Run replica ``k``'s round-robin share on the fast path, compiled or interpreted."""
+    arrival, prompt, out = (cols[name][k::num_replicas] for name in
+                            ("arrival_s", "num_prompt_tokens", "num_output_tokens"))
+    kw = {"max_model_len": max_model_len, "horizon_s": horizon_s, "deadline": deadline,
+          "replica": k}
+    large = len(arrival) >= fastkernel.COMPILED_MIN_REQUESTS
+    if ((choice == "compiled" or (choice is True and large))
+            and not fastkernel.compiled_blocker(policy, cost, len(arrival))):
+        return fastkernel.run_continuous_compiled(arrival, prompt, out, policy, cost, kv, log,
+                                                  **kw)
+    return run_continuous(arrival.tolist(), prompt.tolist(), out.tolist(), policy, cost, kv,
+                          log, **kw)
 
 
 def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv: KVConfig,

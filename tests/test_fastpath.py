@@ -65,12 +65,16 @@ def test_decode_and_prefill_steps_equal_step_on_every_model(gpu):
                         cost.decode_step(1, 1, 1, 1)
                     with pytest.raises(ValueError, match="sliding-window"):
                         cost.prefill_step((5,))
+                    with pytest.raises(ValueError, match="sliding-window"):
+                        cost.prefill_cost((5,))
                     continue
                 for rows in (1, 2, 3, 5):  # a prefill step's whole prompts
                     prompts = rng.integers(1, 5000, rows) * (rng.random(rows) < 0.8) + 1
                     want = cost.step(BatchShape(prompts, prompts))
                     got = cost.prefill_step(tuple(int(n) for n in prompts))
                     assert got == want, (model, tp, overrides, prompts)
+                    lean = cost.prefill_cost(tuple(int(n) for n in prompts))
+                    assert lean == (want.seconds, want.flops, want.bytes, want.bound)
                     # ... and the same prompts joining 40 decodes (an Orca step)
                     ctx = rng.integers(1, 30_000, 40)
                     want = cost.step(BatchShape(np.concatenate([np.ones(40, np.int64), prompts]),

@@ -1,0 +1,626 @@
+"""The numba kernel behind ``sim.fastkernel`` (importing this module imports numba).
+
+``continuous_kernel`` is ``sim.fastpath.run_continuous`` in vLLM mode, transcribed into arrays
+and scalars: the waiting queue is a window of an index array, the running set a doubly linked
+list in admission order (the tail is the preemption victim), each heap an ``(m, 3)`` array of
+``(key, index, epoch)`` rows ordered as Python orders tuples, the groups of newly admitted
+requests a flat array with group offsets. Read it side by side with ``sim.fastpath``: each
+block names the function it reproduces, and the floating-point expressions are the same
+operations in the same order (``RooflineCost.decode_step``'s ``decode_rows`` for decode steps).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, objmode
+from numba.typed import List
+
+from sim.fastkernel import _fill_decode_row, _past_deadline, _prefill_cost
+
+# Codes shared with ``sim.fastkernel``, defined here because numba freezes a cached kernel's
+# globals and only notices when this file changes.
+WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3  # a request's status
+# why a request was rejected (its message is built afterwards from its final counters)
+NO_REASON, ON_ARRIVAL, OVER_BUDGET, PREEMPTED_TOO_OFTEN, OUTGREW = 0, 1, 2, 3, 4
+DONE, STALLED, EMPTIED, CUT = 0, 1, 2, 3  # how the run ended: ``info[0]``
+# columns of res_f / res_i (see ``run_continuous_compiled``)
+F_SCHED, F_TOKEN, F_FINISH, F_MAX_ITL, F_LAST_TOKEN, F_ADMITTED_AT = 0, 1, 2, 3, 4, 5
+I_PREEMPTIONS, I_GENERATED, I_STATUS, I_REASON = 0, 1, 2, 3
+
+
+@njit(inline="always")
+def _less(a: int, b: int, c: int, x: int, y: int, z: int) -> bool:
+    """``(a, b, c) < (x, y, z)`` as Python compares tuples."""
+    if a != x:
+        return a < x
+    if b != y:
+        return b < y
+    return c < z
+
+
+@njit(cache=True)
+def _heap_push(h: np.ndarray, size: int, a: int, b: int, c: int) -> tuple[np.ndarray, int]:
+    """``heapq.heappush`` of ``(a, b, c)``; returns the (possibly grown) heap and its size."""
+    if size == h.shape[0]:
+        grown = np.empty((2 * size, 3), dtype=np.int64)
+        grown[:size] = h
+        h = grown
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if _less(a, b, c, h[parent, 0], h[parent, 1], h[parent, 2]):
+            h[pos, 0], h[pos, 1], h[pos, 2] = h[parent, 0], h[parent, 1], h[parent, 2]
+            pos = parent
+        else:
+            break
+    h[pos, 0], h[pos, 1], h[pos, 2] = a, b, c
+    return h, size + 1
+
+
+@njit(cache=True)
+def _heap_pop(h: np.ndarray, size: int) -> int:
+    """``heapq.heappop`` (the smallest row leaves); returns the new size."""
+    size -= 1
+    if size == 0:
+        return 0
+    a, b, c = h[size, 0], h[size, 1], h[size, 2]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and _less(h[right, 0], h[right, 1], h[right, 2],
+                                  h[child, 0], h[child, 1], h[child, 2]):
+            child = right
+        if _less(h[child, 0], h[child, 1], h[child, 2], a, b, c):
+            h[pos, 0], h[pos, 1], h[pos, 2] = h[child, 0], h[child, 1], h[child, 2]
+            pos = child
+        else:
+            break
+    h[pos, 0], h[pos, 1], h[pos, 2] = a, b, c
+    return size
+
+
+@njit(cache=True)
+def _heap_top(h: np.ndarray, size: int, epoch: np.ndarray) -> int:
+    """``top``: drop stale rows (their request left since); returns the new size."""
+    while h[0, 2] != epoch[h[0, 1]]:
+        size = _heap_pop(h, size)
+    return size
+
+
+@njit(cache=True)
+def _deadline_passed() -> bool:
+    """Ask Python whether the wall-clock budget has run out."""
+    with objmode(late="boolean"):
+        late = _past_deadline()
+    return late
+
+
+@njit(cache=True)
+def _prefill_from_python(batch: np.ndarray) -> tuple[float, float, float, int]:
+    """Ask Python for the cost of prefilling ``batch`` (its memo; ``RooflineCost``)."""
+    with objmode(secs="float64", flops="float64", nbytes="float64", bound="int64"):
+        secs, flops, nbytes, bound = _prefill_cost(batch)
+    return secs, flops, nbytes, bound
+
+
+@njit(cache=True)
+def _decode_row_from_python(table: np.ndarray, rows: int) -> None:
+    """Ask Python for the decode constants of batch size ``rows`` (into ``table[rows]``)."""
+    with objmode():
+        _fill_decode_row(table, rows)
+
+
+@njit(cache=True)
+def _unit(c: float, fpp: float, peak_att: float, kvt: float, row_tok: float, q_bytes: float,
+          att_bw: float, hkv: float, split: float) -> float:
+    """``decode_step_function``'s ``unit``: one decode row's per-unit attention time."""
+    tc = fpp * c / peak_att
+    tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
+    return (tc if tc > tm else tm) / (hkv * (1.0 + c / split))
+
+
+@njit(cache=True)
+def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  # noqa: C901
+                      decode_table, prefill_table, res_f, res_i, chunk_rows):
+    """Run the simulation; fill ``res_f``/``res_i`` in place and return ``(info, full log
+    chunks, last chunk's int, float and bound rows, irregular (at, gap) rows, their counts)``.
+    ``info`` is ``(code, time, queued)``: ``DONE``, ``CUT`` (wall clock), or an error."""
+    n = arrival.shape[0]
+    bs, num_blocks, capacity, max_seqs, max_tokens, mark_blocks = (
+        ints[0], ints[1], ints[2], ints[3], ints[4], ints[5])
+    limit, uses_min, has_horizon, has_deadline, num_layers, tp = (
+        ints[6], ints[7] != 0, ints[8] != 0, ints[9] != 0, ints[10], ints[11])
+    horizon, fpp, kvt, g_lat, row_tok, q_bytes, peak_att, att_bw, hkv, split, par_half = (
+        floats[0], floats[1], floats[2], floats[3], floats[4], floats[5], floats[6],
+        floats[7], floats[8], floats[9], floats[10])
+    L = float(num_layers)
+    tpf = float(tp)
+
+    first_sched, first_tok, finish, max_itl = res_f[F_SCHED], res_f[F_TOKEN], res_f[F_FINISH], \
+        res_f[F_MAX_ITL]
+    last_tok, adm_end = res_f[F_LAST_TOKEN], res_f[F_ADMITTED_AT]
+    npre, gen, status, reason = res_i[I_PREEMPTIONS], res_i[I_GENERATED], res_i[I_STATUS], \
+        res_i[I_REASON]
+    max_held = np.zeros(n, dtype=np.int64)
+    key = np.zeros(n, dtype=np.int64)
+    base = np.zeros(n, dtype=np.int64)
+    adm_g = np.zeros(n, dtype=np.int64)
+    epoch = np.zeros(n, dtype=np.int64)
+    run_prev = np.full(n, -1, dtype=np.int64)  # running set: a list in admission order
+    run_next = np.full(n, -1, dtype=np.int64)
+    run_head, run_tail, n_run = -1, -1, 0
+
+    waiting = np.empty(n, dtype=np.int64)  # arrivals in order: waiting[w_head:w_tail]
+    w_head, w_tail = 0, 0
+    preempted = np.empty(n, dtype=np.int64)  # a stack: the newest preempted first
+    n_pre = 0
+    over_budget = np.empty(n, dtype=np.int64)
+    n_over = 0
+    admitted = np.empty(n, dtype=np.int64)
+    sizes = np.empty(n, dtype=np.int64)
+    victims = np.empty(n, dtype=np.int64)
+    # groups admitted since the last decode: group g's members are members[lo[g]:lo[g + 1]]
+    group_end = np.empty(n + 1)
+    group_lo = np.empty(n + 1, dtype=np.int64)
+    members = np.empty(n, dtype=np.int64)
+    n_groups, n_members = 0, 0
+
+    fin_heap = np.empty((1024, 3), dtype=np.int64)
+    max_heap = np.empty((1024, 3), dtype=np.int64)
+    min_heap = np.empty((1024, 3), dtype=np.int64)
+    n_fin, n_max, n_min = 0, 0, 0
+    residues = np.zeros(bs, dtype=np.int64)
+    gap_idx = np.empty(1024, dtype=np.int64)  # monotonic stack of decode gaps
+    gap_val = np.empty(1024)
+    n_gap = 0
+
+    chunks = List()
+    log_i = np.empty((chunk_rows, 8), dtype=np.int64)
+    log_f = np.empty((chunk_rows, 4))
+    log_b = np.empty(chunk_rows, dtype=np.int8)
+    n_log = 0
+    irr = np.empty((1024, 2))
+    irr_count = np.empty(1024, dtype=np.int64)
+    n_irr = 0
+
+    key_sum, used, G = 0, 0, 0
+    last_decode_end = np.nan
+    now, nxt = 0.0, 0
+    info = np.zeros(3)
+    info[0] = DONE
+    iterations = 0
+    while True:
+        if has_horizon and now >= horizon:
+            break
+        if has_deadline:
+            iterations += 1
+            if iterations % 64 == 0:
+                if _deadline_passed():
+                    info[0] = CUT
+                    break
+        while nxt < n and arrival[nxt] <= now:
+            if rejected_on_arrival[nxt]:
+                status[nxt], reason[nxt], finish[nxt] = REJECTED, ON_ARRIVAL, now
+            else:
+                waiting[w_tail] = nxt
+                w_tail += 1
+            nxt += 1
+        for j in range(n_over):
+            i = over_budget[j]
+            status[i], reason[i], finish[i] = REJECTED, OVER_BUDGET, now
+        n_over = 0
+        num_running = n_run
+        queue_len = (w_tail - w_head) + n_pre
+        if queue_len == 0 and num_running == 0:
+            if nxt >= n:
+                break
+            now = arrival[nxt]
+            continue
+        # -- ``choose_admissions``: preempted (newest first), then arrivals, head-of-line ----
+        m = 0
+        if queue_len and num_running < max_seqs:
+            seats = max_seqs - num_running
+            budget = max_tokens
+            free = num_blocks - used
+            mark = mark_blocks if num_running else 0
+            for q in range(queue_len):
+                i = preempted[n_pre - 1 - q] if q < n_pre else waiting[w_head + q - n_pre]
+                tokens = prompt[i] + gen[i]
+                blocks = -(-tokens // bs)
+                if seats < 1 or tokens > budget or free - blocks < mark:
+                    break
+                seats -= 1
+                budget -= tokens
+                free -= blocks
+                admitted[m] = i
+                m += 1
+        if m:
+            # -- ``launch_admitted`` --------------------------------------------------------
+            num_from_pre = min(m, n_pre)
+            n_pre -= num_from_pre
+            w_head += m - num_from_pre
+            recomputed = 0
+            total = 0
+            for j in range(m):
+                i = admitted[j]
+                status[i] = RUNNING
+                if first_sched[i] != first_sched[i]:
+                    first_sched[i] = now
+                tokens = prompt[i] + gen[i]
+                if max_held[i]:
+                    recomputed += min(tokens, max_held[i])
+                used += -(-tokens // bs)
+                sizes[j] = tokens
+                total += tokens
+            # -- ``_Costs.prefill``: a table by prompt length, Python for several prompts ----
+            if m == 1 and sizes[0] < prefill_table.shape[0] \
+                    and prefill_table[sizes[0], 0] == prefill_table[sizes[0], 0]:
+                row = prefill_table[sizes[0]]
+                secs, flops, nbytes, bound = row[0], row[1], row[2], np.int64(row[3])
+            else:
+                batch = sizes[:m]
+                secs, flops, nbytes, bound = _prefill_from_python(batch)
+                if m == 1 and sizes[0] < prefill_table.shape[0]:
+                    prefill_table[sizes[0], 0] = secs
+                    prefill_table[sizes[0], 1] = flops
+                    prefill_table[sizes[0], 2] = nbytes
+                    prefill_table[sizes[0], 3] = bound
+            end = now + secs
+            held = used
+            live = key_sum + num_running * G + total
+            # -- ``commit_admitted`` --------------------------------------------------------
+            regular = 0
+            group_end[n_groups] = end
+            group_lo[n_groups] = n_members
+            n_groups += 1
+            for j in range(m):
+                i = admitted[j]
+                tokens = sizes[j]
+                if tokens > max_held[i]:
+                    max_held[i] = tokens
+                gen[i] += 1
+                g = gen[i]
+                last = last_tok[i]
+                last_tok[i] = end
+                if g == 1:
+                    first_tok[i] = end
+                else:
+                    gap = end - last
+                    if gap > max_itl[i]:
+                        max_itl[i] = gap
+                    if last == now:
+                        regular += 1
+                    else:
+                        irr, irr_count, n_irr = _add_irregular(irr, irr_count, n_irr, end, gap,
+                                                               1)
+                if g >= out[i]:
+                    status[i], finish[i] = FINISHED, end
+                    used -= -(-tokens // bs)
+                elif tokens >= capacity and -(-(tokens + 1) // bs) > num_blocks:
+                    used -= -(-tokens // bs)
+                    status[i], reason[i], finish[i] = REJECTED, OUTGREW, end
+                else:
+                    # ``admit_running``
+                    run_prev[i], run_next[i] = run_tail, -1
+                    if run_tail >= 0:
+                        run_next[run_tail] = i
+                    else:
+                        run_head = i
+                    run_tail = i
+                    n_run += 1
+                    k = tokens - G
+                    key[i] = k
+                    base[i] = G - gen[i]
+                    adm_g[i] = G
+                    adm_end[i] = end
+                    key_sum += k
+                    residues[k % bs] += 1
+                    ep = epoch[i]
+                    fin_heap, n_fin = _heap_push(fin_heap, n_fin, base[i] + out[i], i, ep)
+                    max_heap, n_max = _heap_push(max_heap, n_max, -k, i, ep)
+                    if uses_min:
+                        min_heap, n_min = _heap_push(min_heap, n_min, k, i, ep)
+                    members[n_members] = i
+                    n_members += 1
+            # -- ``record`` ------------------------------------------------------------------
+            if n_log == chunk_rows:
+                chunks.append((log_i, log_f, log_b))
+                log_i = np.empty((chunk_rows, 8), dtype=np.int64)
+                log_f = np.empty((chunk_rows, 4))
+                log_b = np.empty(chunk_rows, dtype=np.int8)
+                n_log = 0
+            log_i[n_log, 0], log_i[n_log, 1], log_i[n_log, 2], log_i[n_log, 3] = \
+                m, total, 0, recomputed
+            log_i[n_log, 4], log_i[n_log, 5], log_i[n_log, 6], log_i[n_log, 7] = \
+                (w_tail - w_head) + n_pre + n_over, held, regular, live
+            log_f[n_log, 0], log_f[n_log, 1], log_f[n_log, 2], log_f[n_log, 3] = \
+                now, end - now, flops, nbytes
+            log_b[n_log] = bound
+            n_log += 1
+            now = end
+        elif num_running:
+            # -- decode steps, back to back while nothing can change the plan -------------
+            queued = (w_tail - w_head) + n_pre + n_over
+            while True:
+                need = residues[(-G) % bs]
+                preempting = need > num_blocks - used
+                if preempting:
+                    # -- ``preempt_newest`` ----------------------------------------------
+                    free = num_blocks - used
+                    n_victims = 0
+                    while need > free:
+                        v = run_tail
+                        run_tail = run_prev[v]
+                        if run_tail >= 0:
+                            run_next[run_tail] = -1
+                        else:
+                            run_head = -1
+                        n_run -= 1
+                        c = key[v] + G
+                        if c % bs == 0:
+                            need -= 1
+                        free += -(-c // bs)
+                        victims[n_victims] = v
+                        n_victims += 1
+                        if n_members and members[n_members - 1] == v:
+                            n_members -= 1  # the newest admitted is the last member
+                            gi = n_groups - 1
+                            while gi >= 0 and group_lo[gi] > n_members:
+                                group_lo[gi] = n_members
+                                gi -= 1
+                    for j in range(n_victims):
+                        v = victims[j]
+                        key_sum, used, n_gap = _leave(
+                            v, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held,
+                            last_tok, max_itl, epoch, residues, bs, gap_idx, gap_val, n_gap,
+                            key_sum, used)
+                        npre[v] += 1
+                        if limit >= 0 and npre[v] > limit:
+                            status[v], reason[v], finish[v] = REJECTED, PREEMPTED_TOO_OFTEN, now
+                            continue
+                        status[v] = WAITING
+                        if prompt[v] + gen[v] > max_tokens:
+                            over_budget[n_over] = v
+                            n_over += 1
+                        else:
+                            preempted[n_pre] = v
+                            n_pre += 1
+                    if n_run == 0:
+                        info[0], info[1] = EMPTIED, now
+                        return _finish(info, chunks, log_i, log_f, log_b, n_log, irr,
+                                       irr_count, n_irr)
+                    queued = (w_tail - w_head) + n_pre + n_over
+                rows = n_run
+                used += need
+                held = used
+                n_max = _heap_top(max_heap, n_max, epoch)
+                c_max = G + 1 - max_heap[0, 0]
+                if uses_min:
+                    n_min = _heap_top(min_heap, n_min, epoch)
+                    c_min = G + 1 + min_heap[0, 0]
+                else:
+                    c_min = c_max
+                # -- ``decode_rows`` of ``RooflineCost.decode_step_function`` ------------
+                if decode_table[rows, 0] != decode_table[rows, 0]:
+                    _decode_row_from_python(decode_table, rows)
+                d = decode_table[rows]  # ``decode_constants(rows)``, named as there
+                s3, t0, t1, t2, t3, att_lat, t_norm = d[0], d[1], d[2], d[3], d[4], d[5], d[6]
+                e_norm, norms_l, comm_l, emb_s, lm_s, overhead = d[7], d[8], d[9], d[10], \
+                    d[11], d[12]
+                c2, m2, f2, b2, rows_row_tok, rows_kq = d[13], d[14], d[15], d[16], d[17], d[18]
+                memory_if_compute, compute_if_memory = d[19], d[20]
+                kv_tokens = key_sum + rows * (G + 1)
+                f = fpp * kv_tokens
+                b = kvt * (kv_tokens + rows_row_tok) + rows_kq
+                if uses_min:
+                    hi = _unit(float(c_max), fpp, peak_att, kvt, row_tok, q_bytes, att_bw, hkv,
+                               split)
+                    lo = _unit(float(c_min), fpp, peak_att, kvt, row_tok, q_bytes, att_bw, hkv,
+                               split)
+                    tail = par_half * (hi if hi >= lo else lo)
+                else:
+                    tail = par_half * _unit(float(c_max), fpp, peak_att, kvt, row_tok, q_bytes,
+                                            att_bw, hkv, split)
+                tc = f / peak_att + g_lat
+                tm = b / att_bw + g_lat
+                tc += tail
+                tm += tail
+                if tc > tm:
+                    t = tc
+                    compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
+                else:
+                    t = tm
+                    compute_s = compute_if_memory
+                    memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
+                secs = s3 + (t + att_lat) * L + norms_l
+                if tp > 1:
+                    secs += comm_l
+                secs = secs + emb_s + lm_s + overhead
+                if memory_s >= compute_s:
+                    bound, top = 1, memory_s
+                else:
+                    bound, top = 0, compute_s
+                if comm_l > top:
+                    bound, top = 2, comm_l
+                if overhead >= top:
+                    bound = 3
+                flops = ((t2 + f) * L + f2) * tpf
+                nbytes = (((t3 + b) + e_norm) * L + b2) * tpf
+                end = now + secs
+                G += 1
+                # -- ``first_decode_gaps`` ------------------------------------------------
+                regular = rows
+                if n_groups:
+                    old = rows - n_members
+                    if old and last_decode_end != now:
+                        regular -= old
+                        irr, irr_count, n_irr = _add_irregular(
+                            irr, irr_count, n_irr, end, end - last_decode_end, old)
+                    for gi in range(n_groups):
+                        lo_m = group_lo[gi]
+                        hi_m = group_lo[gi + 1] if gi + 1 < n_groups else n_members
+                        if hi_m <= lo_m:
+                            continue
+                        gend = group_end[gi]
+                        gap = end - gend
+                        for j in range(lo_m, hi_m):
+                            if gap > max_itl[members[j]]:
+                                max_itl[members[j]] = gap
+                        if gend != now:
+                            regular -= hi_m - lo_m
+                            irr, irr_count, n_irr = _add_irregular(
+                                irr, irr_count, n_irr, end, gap, hi_m - lo_m)
+                    n_groups, n_members = 0, 0
+                if G >= 2:  # ``push_gap``
+                    gap = end - last_decode_end
+                    while n_gap and gap_val[n_gap - 1] <= gap:
+                        n_gap -= 1
+                    if n_gap == gap_idx.shape[0]:
+                        gap_idx, gap_val = _grow_gaps(gap_idx, gap_val)
+                    gap_idx[n_gap], gap_val[n_gap] = G, gap
+                    n_gap += 1
+                last_decode_end = end
+                live = key_sum + rows * G
+                # -- ``finish_due`` -------------------------------------------------------
+                while n_fin and fin_heap[0, 0] <= G:
+                    i, ep = fin_heap[0, 1], fin_heap[0, 2]
+                    n_fin = _heap_pop(fin_heap, n_fin)
+                    if ep != epoch[i]:
+                        continue
+                    run_head, run_tail = _unlink(i, run_prev, run_next, run_head, run_tail)
+                    n_run -= 1
+                    key_sum, used, n_gap = _leave(
+                        i, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held,
+                        last_tok, max_itl, epoch, residues, bs, gap_idx, gap_val, n_gap,
+                        key_sum, used)
+                    status[i], finish[i] = FINISHED, end
+                # -- ``drop_outgrown`` ----------------------------------------------------
+                if c_max >= capacity:
+                    while n_run:
+                        n_max = _heap_top(max_heap, n_max, epoch)
+                        if G - max_heap[0, 0] < capacity:
+                            break
+                        i = max_heap[0, 1]
+                        if -(-(key[i] + G + 1) // bs) <= num_blocks:
+                            break
+                        run_head, run_tail = _unlink(i, run_prev, run_next, run_head,
+                                                     run_tail)
+                        n_run -= 1
+                        key_sum, used, n_gap = _leave(
+                            i, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held,
+                            last_tok, max_itl, epoch, residues, bs, gap_idx, gap_val, n_gap,
+                            key_sum, used)
+                        status[i], reason[i], finish[i] = REJECTED, OUTGREW, end
+                # -- ``record`` -----------------------------------------------------------
+                if n_log == chunk_rows:
+                    chunks.append((log_i, log_f, log_b))
+                    log_i = np.empty((chunk_rows, 8), dtype=np.int64)
+                    log_f = np.empty((chunk_rows, 4))
+                    log_b = np.empty(chunk_rows, dtype=np.int8)
+                    n_log = 0
+                log_i[n_log, 0], log_i[n_log, 1], log_i[n_log, 2], log_i[n_log, 3] = \
+                    rows, 0, rows, 0
+                log_i[n_log, 4], log_i[n_log, 5], log_i[n_log, 6], log_i[n_log, 7] = \
+                    queued, held, regular, live
+                log_f[n_log, 0], log_f[n_log, 1], log_f[n_log, 2], log_f[n_log, 3] = \
+                    now, end - now, flops, nbytes
+                log_b[n_log] = bound
+                n_log += 1
+                now = end
+                if ((nxt < n and arrival[nxt] <= now) or queued or n_run == 0 or has_deadline
+                        or (has_horizon and now >= horizon)):
+                    break
+        else:  # nothing admitted and nothing running: wait for the next arrival
+            if nxt >= n:
+                info[0], info[1], info[2] = STALLED, now, (w_tail - w_head) + n_pre
+                return _finish(info, chunks, log_i, log_f, log_b, n_log, irr, irr_count, n_irr)
+            now = arrival[nxt]
+    i = run_head  # cut short (horizon, wall clock): materialize who is still running
+    while i >= 0:
+        key_sum, used, n_gap = _leave(
+            i, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held, last_tok, max_itl,
+            epoch, residues, bs, gap_idx, gap_val, n_gap, key_sum, used)
+        i = run_next[i]
+    return _finish(info, chunks, log_i, log_f, log_b, n_log, irr, irr_count, n_irr)
+
+
+@njit(cache=True)
+def _finish(info, chunks, log_i, log_f, log_b, n_log, irr, irr_count, n_irr):  # noqa: ANN202
+    """The kernel's return tuple, the last chunk and the irregular rows trimmed."""
+    return (info, chunks, log_i[:n_log].copy(), log_f[:n_log].copy(), log_b[:n_log].copy(),
+            irr[:n_irr].copy(), irr_count[:n_irr].copy())
+
+
+@njit(cache=True)
+def _unlink(i, run_prev, run_next, head, tail):  # noqa: ANN202
+    """Remove ``i`` from the running list; returns the new head and tail."""
+    p, q = run_prev[i], run_next[i]
+    if p >= 0:
+        run_next[p] = q
+    else:
+        head = q
+    if q >= 0:
+        run_prev[q] = p
+    else:
+        tail = p
+    return head, tail
+
+
+@njit(cache=True)
+def _leave(i, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held, last_tok,  # noqa: ANN202
+           max_itl, epoch, residues, bs, gap_idx, gap_val, n_gap, key_sum, used):
+    """``leave``: materialize running request ``i``'s counters and drop it from the
+    aggregates; returns the new key sum, blocks used and gap-stack size."""
+    k = key[i]
+    computed = k + G
+    gen[i] = G - base[i]
+    if computed > max_held[i]:
+        max_held[i] = computed
+    a = adm_g[i]
+    if G > a:
+        last_tok[i] = last_decode_end
+        if G >= a + 2:
+            j = np.searchsorted(gap_idx[:n_gap], a + 2)  # ``suffix_max``
+            if j < n_gap and gap_val[j] > max_itl[i]:
+                max_itl[i] = gap_val[j]
+    else:
+        last_tok[i] = adm_end[i]
+    residues[k % bs] -= 1
+    epoch[i] += 1
+    return key_sum - k, used - (-(-computed // bs)), n_gap
+
+
+@njit(cache=True)
+def _add_irregular(irr, irr_count, n_irr, at, gap, count):  # noqa: ANN202
+    """``StepLog.add_irregular_itl``: merge with the last entry when time and gap match."""
+    if n_irr and irr[n_irr - 1, 0] == at and irr[n_irr - 1, 1] == gap:
+        irr_count[n_irr - 1] += count
+        return irr, irr_count, n_irr
+    if n_irr == irr.shape[0]:
+        irr, irr_count = _grow_irregular(irr, irr_count)
+    irr[n_irr, 0], irr[n_irr, 1], irr_count[n_irr] = at, gap, count
+    return irr, irr_count, n_irr + 1
+
+
+@njit(cache=True)
+def _grow_irregular(irr, irr_count):  # noqa: ANN202
+    """Double the irregular-gap buffers."""
+    grown = np.empty((2 * irr.shape[0], 2))
+    grown[:irr.shape[0]] = irr
+    counts = np.empty(2 * irr.shape[0], dtype=np.int64)
+    counts[:irr.shape[0]] = irr_count
+    return grown, counts
+
+
+@njit(cache=True)
+def _grow_gaps(gap_idx, gap_val):  # noqa: ANN202
+    """Double the gap stack."""
+    k = gap_idx.shape[0]
+    idx = np.empty(2 * k, dtype=np.int64)
+    idx[:k] = gap_idx
+    val = np.empty(2 * k)
+    val[:k] = gap_val
+    return idx, val
+

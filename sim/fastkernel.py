@@ -1,0 +1,201 @@
+"""Compiled fast path: ``sim.fastpath``'s vLLM-mode loop as one numba kernel, for large runs.
+
+``sim.fastpath`` made every step O(1) but still pays a few microseconds of interpreter time per
+step, which is most of a million-request run. This module runs the same algorithm — the same
+aggregates (sum of keys, residues modulo the block size, lazily invalidated heaps, a monotonic
+stack of decode gaps), the same order of floating-point operations — compiled with numba, so a
+step costs well under a microsecond. Results are bit-identical to ``sim.fastpath`` and therefore
+to the general engine (tests/test_fastkernel.py).
+
+Scope: vLLM mode (prefill-only steps and pure-decode steps) on ``RooflineCost`` without a
+sliding window. Decode steps are costed inside the kernel from ``RooflineCost``'s per-batch-size
+constants (``decode_constants``, fetched once per batch size); prefill steps of one prompt from
+a table filled once per prompt length; prefill steps of several prompts call back into Python
+(``RooflineCost.prefill_step``, memoized) through ``numba.objmode`` — a few percent of steps.
+
+numba is imported only when this path runs (``simulate`` picks it for runs of at least
+``COMPILED_MIN_REQUESTS`` requests), and the compiled kernel is cached on disk, so small runs,
+the quickstart and most tests never pay for it.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from sim.engine import never_fits
+from sim.fastpath import FLOAT_COLUMNS, INT_COLUMNS, ZERO_COLUMNS, FastResult, _Costs
+from sim.metrics import StepLog
+from sim.validate import EngineError
+
+#: Runs with fewer requests stay on the interpreted fast path: importing numba and loading the
+#: cached kernel costs about a second, more than such a run takes.
+COMPILED_MIN_REQUESTS = 50_000
+#: Step-log rows per chunk the kernel fills (the log is assembled once at the end).
+LOG_CHUNK_ROWS = 1 << 18
+#: Decode batch sizes the kernel keeps constants for; larger ``max_num_seqs`` runs interpreted.
+MAX_TABLE_ROWS = 1 << 16
+
+#: Names of the kernel's status and bound codes (``sim._kernel_loop``), by code.
+_STATUS = np.array(["waiting", "running", "finished", "rejected"], dtype=object)
+_BOUNDS = np.array(["compute", "memory", "comm", "overhead"], dtype=object)
+_BOUND_CODE = {"compute": 0, "memory": 1, "comm": 2, "overhead": 3}
+
+_active = threading.local()  # the run's Python-side cost callbacks (objmode sees globals only)
+
+
+def compiled_blocker(policy: Any, cost: Any, n: int) -> str:
+    """Why a run the interpreted fast path takes cannot use the kernel ('' when it can)."""
+    if policy.mode != "vllm":
+        return "Orca mode"
+    if not all(callable(getattr(cost, name, None))
+               for name in ("decode_constants", "decode_scalars", "prefill_step")):
+        return "the cost model is not a RooflineCost"
+    if min(policy.max_num_seqs, n) >= MAX_TABLE_ROWS:
+        return "max_num_seqs too large for the kernel's tables"
+    try:
+        import numba  # noqa: F401
+    except ImportError:  # pragma: no cover - numba is a dependency; a broken install
+        return "numba is not importable"
+    return ""
+
+
+def _prefill_cost(sizes: np.ndarray) -> tuple[float, float, float, int]:
+    """objmode callback: ``(seconds, flops, bytes, bound code)`` of a prefill of ``sizes``."""
+    secs, flops, nbytes, bound = _active.costs.prefill(tuple(sizes.tolist()))
+    return secs, flops, nbytes, _BOUND_CODE[bound]
+
+
+def _fill_decode_row(table: np.ndarray, rows: int) -> None:
+    """objmode callback: the decode constants of batch size ``rows`` into ``table[rows]``."""
+    table[rows, :] = _active.cost.decode_constants(rows)
+
+
+def _past_deadline() -> bool:
+    """objmode callback: has the run's wall-clock budget run out?"""
+    return time.perf_counter() > _active.deadline
+
+
+def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.ndarray,
+                            policy: Any, cost: Any, kv: Any, log: StepLog, *,
+                            max_model_len: int | None, horizon_s: float | None,
+                            deadline: float | None, replica: int = 0) -> FastResult:
+    """``sim.fastpath.run_continuous`` (vLLM mode) compiled: same arguments, same results."""
+    from sim import _kernel_loop as loop  # numba compiles or loads the kernel here
+
+    n = len(arrival)
+    arrival = np.ascontiguousarray(arrival, dtype=np.float64)
+    prompt = np.ascontiguousarray(prompt, dtype=np.int64)
+    out = np.ascontiguousarray(out, dtype=np.int64)
+    bs, num_blocks = kv.block_size, kv.num_blocks
+    max_tokens = policy.max_num_batched_tokens
+    # who is rejected on arrival (``never_fits`` or the token budget), messages kept by index
+    risky = (prompt > max_tokens) | (-(-(prompt + 1) // bs) > num_blocks)
+    if max_model_len is not None:
+        risky |= prompt + out > max_model_len
+    arrival_reason: dict[int, str] = {}
+    for i in np.flatnonzero(risky).tolist():
+        why = never_fits(kv, max_model_len, int(prompt[i]), int(out[i]))
+        if not why and prompt[i] > max_tokens:
+            why = f"prompt of {prompt[i]} tokens exceeds max_num_batched_tokens={max_tokens}"
+        if why:
+            arrival_reason[i] = why
+    rejected_on_arrival = np.zeros(n, dtype=np.bool_)
+    rejected_on_arrival[list(arrival_reason)] = True
+
+    big = 1 << 62
+    ints = np.array([bs, min(num_blocks, big), min(kv.capacity_tokens, big), policy.max_num_seqs,
+                     max_tokens,
+                     int(policy.watermark * num_blocks) if num_blocks < (1 << 40) else 0,
+                     -1 if kv.max_preemptions is None else kv.max_preemptions,
+                     int(cost.decode_uses_min_context), int(horizon_s is not None),
+                     int(deadline is not None), cost.model.num_layers, cost.tp], dtype=np.int64)
+    floats = np.array([math.inf if horizon_s is None else horizon_s, *cost.decode_scalars()],
+                      dtype=np.float64)
+    table_rows = min(policy.max_num_seqs, n) + 1
+    decode_table = np.full((table_rows, 21), np.nan)
+    prefill_rows = min(max_tokens, kv.capacity_tokens, 1 << 20) + 1
+    prefill_table = np.full((prefill_rows, 4), np.nan)
+
+    res_f = np.full((6, n), np.nan)  # first scheduled, first token, finish, max ITL, scratch
+    res_f[3] = 0.0
+    res_i = np.zeros((4, n), dtype=np.int64)  # preemptions, generated, status, reason
+
+    _active.costs, _active.cost, _active.deadline = _Costs(cost), cost, deadline
+    try:
+        info, chunks, last_ints, last_floats, last_bounds, irregular, irregular_counts = \
+            loop.continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,
+                              decode_table, prefill_table, res_f, res_i, LOG_CHUNK_ROWS)
+    finally:
+        del _active.costs, _active.cost, _active.deadline
+    code, at, queued = int(info[0]), float(info[1]), int(info[2])
+    if code == loop.STALLED:
+        raise EngineError(
+            f"policy {policy.name!r} stalled at t={at:.6f}s: empty plan, no wake_at_s,"
+            f" no arrivals left, {queued} waiting and 0 running")
+    if code == loop.EMPTIED:
+        raise EngineError(f"fast path: preemption emptied the batch at t={at:.6f}s")
+
+    _fill_log(log, chunks, last_ints, last_floats, last_bounds, irregular, irregular_counts,
+              replica)
+    result = FastResult(0)
+    result.first_scheduled_s, result.first_token_s, result.finish_s, result.max_itl_s = \
+        res_f[0], res_f[1], res_f[2], res_f[3]
+    result.num_preemptions, result.num_generated = res_i[0], res_i[1]
+    result.status = _STATUS[res_i[2]].tolist()
+    result.reason = _reasons(loop, res_i, prompt, arrival_reason, max_tokens,
+                             kv.max_preemptions)
+    return result
+
+
+def _reasons(loop: Any, res_i: np.ndarray, prompt: np.ndarray, arrival_reason: dict[int, str],
+             max_tokens: int, limit: int | None) -> list[str]:
+    """The rejection messages ``sim.fastpath`` writes, from the kernel's reason codes."""
+    reason = [""] * len(prompt)
+    codes = res_i[3]
+    for i in np.flatnonzero(codes).tolist():
+        c = codes[i]
+        if c == loop.ON_ARRIVAL:
+            reason[i] = arrival_reason[i]
+        elif c == loop.OVER_BUDGET:
+            reason[i] = (f"prompt of {prompt[i] + res_i[1, i]} tokens exceeds "
+                         f"max_num_batched_tokens={max_tokens}")
+        elif c == loop.PREEMPTED_TOO_OFTEN:
+            k = res_i[0, i]
+            reason[i] = f"preempted {k} time{'s' if k > 1 else ''} (kv.max_preemptions={limit})"
+        else:
+            reason[i] = "context outgrew the KV cache"
+    return reason
+
+
+def _fill_log(log: StepLog, chunks: Any, last_ints: np.ndarray, last_floats: np.ndarray,
+              last_bounds: np.ndarray, irregular: np.ndarray, irregular_counts: np.ndarray,
+              replica: int) -> None:
+    """Move the kernel's step-log chunks into ``log`` (packed columns, as ``sim.fastpath``
+    writes them), copying chunk by chunk so that at most one chunk is held twice."""
+    rows = sum(c[0].shape[0] for c in chunks) + last_ints.shape[0]
+    packed_ints = np.empty((rows, len(INT_COLUMNS)), dtype=np.int64)
+    packed_floats = np.empty((rows, len(FLOAT_COLUMNS)))
+    bounds = np.empty(rows, dtype=np.int8)
+    at = 0
+    while len(chunks):
+        ci, cf, cb = chunks.pop(0)
+        k = ci.shape[0]
+        packed_ints[at:at + k], packed_floats[at:at + k], bounds[at:at + k] = ci, cf, cb
+        at += k
+        del ci, cf, cb
+    packed_ints[at:], packed_floats[at:], bounds[at:] = last_ints, last_floats, last_bounds
+    log.zero_columns = ZERO_COLUMNS
+    log.packed_int_columns, log.packed_float_columns = INT_COLUMNS, FLOAT_COLUMNS
+    log.packed_ints, log.packed_floats = packed_ints.ravel(), packed_floats.ravel()
+    log.cols["bound"] = _BOUNDS[bounds].tolist()
+    log.replica = replica
+    m = len(irregular_counts)
+    if m:
+        log.irregular_itl_at.frombytes(np.ascontiguousarray(irregular[:, 0]).tobytes())
+        log.irregular_itl.frombytes(np.ascontiguousarray(irregular[:, 1]).tobytes())
+        log.irregular_itl_count.frombytes(irregular_counts.tobytes())
+        log.irregular_itl_replica.frombytes(np.full(m, replica, dtype=np.int64).tobytes())
