@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, objmode
-from numba.typed import List
 
 from sim.fastkernel import _fill_decode_row, _past_deadline, _prefill_cost
 
@@ -21,7 +20,7 @@ from sim.fastkernel import _fill_decode_row, _past_deadline, _prefill_cost
 WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3  # a request's status
 # why a request was rejected (its message is built afterwards from its final counters)
 NO_REASON, ON_ARRIVAL, OVER_BUDGET, PREEMPTED_TOO_OFTEN, OUTGREW = 0, 1, 2, 3, 4
-DONE, STALLED, EMPTIED, CUT = 0, 1, 2, 3  # how the run ended: ``info[0]``
+DONE, STALLED, EMPTIED, CUT, LOG_FULL, IRR_FULL = 0, 1, 2, 3, 4, 5  # how ``run_segment`` ended
 # columns of res_f / res_i (see ``run_continuous_compiled``)
 F_SCHED, F_TOKEN, F_FINISH, F_MAX_ITL, F_LAST_TOKEN, F_ADMITTED_AT = 0, 1, 2, 3, 4, 5
 I_PREEMPTIONS, I_GENERATED, I_STATUS, I_REASON = 0, 1, 2, 3
@@ -38,12 +37,25 @@ def _less(a: int, b: int, c: int, x: int, y: int, z: int) -> bool:
 
 
 @njit(cache=True)
-def _heap_push(h: np.ndarray, size: int, a: int, b: int, c: int) -> tuple[np.ndarray, int]:
-    """``heapq.heappush`` of ``(a, b, c)``; returns the (possibly grown) heap and its size."""
+def _heap_push(h: np.ndarray, size: int, a: int, b: int, c: int, epoch: np.ndarray) -> int:
+    """``heapq.heappush`` of ``(a, b, c)``; returns the new size. A full heap first drops its
+    stale rows (their request left since) and re-heapifies: the live rows, and so every
+    ``top`` and pop order, stay the same (rows are totally ordered)."""
     if size == h.shape[0]:
-        grown = np.empty((2 * size, 3), dtype=np.int64)
-        grown[:size] = h
-        h = grown
+        live = 0
+        for r in range(size):
+            if h[r, 2] == epoch[h[r, 1]]:
+                h[live, 0], h[live, 1], h[live, 2] = h[r, 0], h[r, 1], h[r, 2]
+                live += 1
+        size = 0
+        for r in range(live):  # re-insert in place: a prefix of the array is a heap
+            size = _sift_up(h, size, h[r, 0], h[r, 1], h[r, 2])
+    return _sift_up(h, size, a, b, c)
+
+
+@njit(cache=True)
+def _sift_up(h: np.ndarray, size: int, a: int, b: int, c: int) -> int:
+    """Put ``(a, b, c)`` at position ``size`` of heap ``h[:size]`` and sift it up."""
     pos = size
     while pos > 0:
         parent = (pos - 1) >> 1
@@ -53,7 +65,7 @@ def _heap_push(h: np.ndarray, size: int, a: int, b: int, c: int) -> tuple[np.nda
         else:
             break
     h[pos, 0], h[pos, 1], h[pos, 2] = a, b, c
-    return h, size + 1
+    return size + 1
 
 
 @njit(cache=True)
@@ -122,83 +134,71 @@ def _unit(c: float, fpp: float, peak_att: float, kvt: float, row_tok: float, q_b
 
 
 @njit(cache=True)
-def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  # noqa: C901
-                      decode_table, prefill_table, res_f, res_i, chunk_rows):
-    """Run the simulation; fill ``res_f``/``res_i`` in place and return ``(info, full log
-    chunks, last chunk's int, float and bound rows, irregular (at, gap) rows, their counts)``.
-    ``info`` is ``(code, time, queued)``: ``DONE``, ``CUT`` (wall clock), or an error."""
+def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  # noqa: C901
+                decode_table, prefill_table, res_f, res_i, work, queues, groups_f, groups_i,
+                heaps, gaps_i, gaps_f, residues, log_i, log_f, log_b, irr, irr_count,
+                state_i, state_f):
+    """Run the simulation from the state in ``state_i``/``state_f`` until it ends or a log
+    buffer fills; save the state back and return ``(code, time, queued)``. ``code`` is
+    ``DONE``, ``CUT`` (wall clock), ``LOG_FULL``/``IRR_FULL`` (grow that buffer and call again:
+    the run resumes exactly where it paused) or an error (``STALLED``, ``EMPTIED``).
+
+    No array is reassigned inside the loop (numba would count references to it every
+    iteration): heaps compact in place, the gap stack drops what no running request can ask
+    for, and the caller grows the log buffers between calls."""
     n = arrival.shape[0]
     bs, num_blocks, capacity, max_seqs, max_tokens, mark_blocks = (
-        ints[0], ints[1], ints[2], ints[3], ints[4], ints[5])
+        params_i[0], params_i[1], params_i[2], params_i[3], params_i[4], params_i[5])
     limit, uses_min, has_horizon, has_deadline, num_layers, tp = (
-        ints[6], ints[7] != 0, ints[8] != 0, ints[9] != 0, ints[10], ints[11])
+        params_i[6], params_i[7] != 0, params_i[8] != 0, params_i[9] != 0, params_i[10],
+        params_i[11])
     horizon, fpp, kvt, g_lat, row_tok, q_bytes, peak_att, att_bw, hkv, split, par_half = (
-        floats[0], floats[1], floats[2], floats[3], floats[4], floats[5], floats[6],
-        floats[7], floats[8], floats[9], floats[10])
+        params_f[0], params_f[1], params_f[2], params_f[3], params_f[4], params_f[5],
+        params_f[6], params_f[7], params_f[8], params_f[9], params_f[10])
     L = float(num_layers)
     tpf = float(tp)
+    cap_log, cap_irr = log_i.shape[0], irr.shape[0]
+    irr_headroom = min(max_seqs, n) + 2  # irregular rows one step can write, at most
 
     first_sched, first_tok, finish, max_itl = res_f[F_SCHED], res_f[F_TOKEN], res_f[F_FINISH], \
         res_f[F_MAX_ITL]
     last_tok, adm_end = res_f[F_LAST_TOKEN], res_f[F_ADMITTED_AT]
     npre, gen, status, reason = res_i[I_PREEMPTIONS], res_i[I_GENERATED], res_i[I_STATUS], \
         res_i[I_REASON]
-    max_held = np.zeros(n, dtype=np.int64)
-    key = np.zeros(n, dtype=np.int64)
-    base = np.zeros(n, dtype=np.int64)
-    adm_g = np.zeros(n, dtype=np.int64)
-    epoch = np.zeros(n, dtype=np.int64)
-    run_prev = np.full(n, -1, dtype=np.int64)  # running set: a list in admission order
-    run_next = np.full(n, -1, dtype=np.int64)
-    run_head, run_tail, n_run = -1, -1, 0
-
-    waiting = np.empty(n, dtype=np.int64)  # arrivals in order: waiting[w_head:w_tail]
-    w_head, w_tail = 0, 0
-    preempted = np.empty(n, dtype=np.int64)  # a stack: the newest preempted first
-    n_pre = 0
-    over_budget = np.empty(n, dtype=np.int64)
-    n_over = 0
-    admitted = np.empty(n, dtype=np.int64)
-    sizes = np.empty(n, dtype=np.int64)
-    victims = np.empty(n, dtype=np.int64)
+    max_held, key, base, adm_g, epoch = work[0], work[1], work[2], work[3], work[4]
+    run_prev, run_next = work[5], work[6]  # running set: a list in admission order
+    # arrivals in order waiting[w_head:w_tail]; preempted: a stack, the newest first
+    waiting, preempted, over_budget = queues[0], queues[1], queues[2]
+    admitted, sizes, victims, members = queues[3], queues[4], queues[5], queues[6]
     # groups admitted since the last decode: group g's members are members[lo[g]:lo[g + 1]]
-    group_end = np.empty(n + 1)
-    group_lo = np.empty(n + 1, dtype=np.int64)
-    members = np.empty(n, dtype=np.int64)
-    n_groups, n_members = 0, 0
+    group_end, group_lo = groups_f, groups_i
+    fin_heap, max_heap, min_heap = heaps[0], heaps[1], heaps[2]
+    gap_idx, gap_val = gaps_i, gaps_f  # monotonic stack of decode gaps
 
-    fin_heap = np.empty((1024, 3), dtype=np.int64)
-    max_heap = np.empty((1024, 3), dtype=np.int64)
-    min_heap = np.empty((1024, 3), dtype=np.int64)
-    n_fin, n_max, n_min = 0, 0, 0
-    residues = np.zeros(bs, dtype=np.int64)
-    gap_idx = np.empty(1024, dtype=np.int64)  # monotonic stack of decode gaps
-    gap_val = np.empty(1024)
-    n_gap = 0
-
-    chunks = List()
-    log_i = np.empty((chunk_rows, 8), dtype=np.int64)
-    log_f = np.empty((chunk_rows, 4))
-    log_b = np.empty(chunk_rows, dtype=np.int8)
-    n_log = 0
-    irr = np.empty((1024, 2))
-    irr_count = np.empty(1024, dtype=np.int64)
-    n_irr = 0
-
-    key_sum, used, G = 0, 0, 0
-    last_decode_end = np.nan
-    now, nxt = 0.0, 0
-    info = np.zeros(3)
-    info[0] = DONE
-    iterations = 0
+    (run_head, run_tail, n_run, w_head, w_tail, n_pre, n_over, n_groups, n_members, n_fin,
+     n_max, n_min, n_gap, n_log, n_irr, key_sum, used, G, nxt, iterations) = (
+        state_i[0], state_i[1], state_i[2], state_i[3], state_i[4], state_i[5], state_i[6],
+        state_i[7], state_i[8], state_i[9], state_i[10], state_i[11], state_i[12],
+        state_i[13], state_i[14], state_i[15], state_i[16], state_i[17], state_i[18],
+        state_i[19])
+    now, last_decode_end = state_f[0], state_f[1]
+    code = -1  # still running
+    queued = 0
     while True:
+        if n_log >= cap_log:
+            code = LOG_FULL
+            break
+        if n_irr + irr_headroom > cap_irr:
+            code = IRR_FULL
+            break
         if has_horizon and now >= horizon:
+            code = DONE
             break
         if has_deadline:
             iterations += 1
             if iterations % 64 == 0:
                 if _deadline_passed():
-                    info[0] = CUT
+                    code = CUT
                     break
         while nxt < n and arrival[nxt] <= now:
             if rejected_on_arrival[nxt]:
@@ -215,6 +215,7 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
         queue_len = (w_tail - w_head) + n_pre
         if queue_len == 0 and num_running == 0:
             if nxt >= n:
+                code = DONE
                 break
             now = arrival[nxt]
             continue
@@ -257,8 +258,8 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
             # -- ``_Costs.prefill``: a table by prompt length, Python for several prompts ----
             if m == 1 and sizes[0] < prefill_table.shape[0] \
                     and prefill_table[sizes[0], 0] == prefill_table[sizes[0], 0]:
-                row = prefill_table[sizes[0]]
-                secs, flops, nbytes, bound = row[0], row[1], row[2], np.int64(row[3])
+                secs, flops = prefill_table[sizes[0], 0], prefill_table[sizes[0], 1]
+                nbytes, bound = prefill_table[sizes[0], 2], np.int64(prefill_table[sizes[0], 3])
             else:
                 batch = sizes[:m]
                 secs, flops, nbytes, bound = _prefill_from_python(batch)
@@ -293,8 +294,7 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
                     if last == now:
                         regular += 1
                     else:
-                        irr, irr_count, n_irr = _add_irregular(irr, irr_count, n_irr, end, gap,
-                                                               1)
+                        n_irr = _add_irregular(irr, irr_count, n_irr, end, gap, 1)
                 if g >= out[i]:
                     status[i], finish[i] = FINISHED, end
                     used -= -(-tokens // bs)
@@ -318,19 +318,13 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
                     key_sum += k
                     residues[k % bs] += 1
                     ep = epoch[i]
-                    fin_heap, n_fin = _heap_push(fin_heap, n_fin, base[i] + out[i], i, ep)
-                    max_heap, n_max = _heap_push(max_heap, n_max, -k, i, ep)
+                    n_fin = _heap_push(fin_heap, n_fin, base[i] + out[i], i, ep, epoch)
+                    n_max = _heap_push(max_heap, n_max, -k, i, ep, epoch)
                     if uses_min:
-                        min_heap, n_min = _heap_push(min_heap, n_min, k, i, ep)
+                        n_min = _heap_push(min_heap, n_min, k, i, ep, epoch)
                     members[n_members] = i
                     n_members += 1
             # -- ``record`` ------------------------------------------------------------------
-            if n_log == chunk_rows:
-                chunks.append((log_i, log_f, log_b))
-                log_i = np.empty((chunk_rows, 8), dtype=np.int64)
-                log_f = np.empty((chunk_rows, 4))
-                log_b = np.empty(chunk_rows, dtype=np.int8)
-                n_log = 0
             log_i[n_log, 0], log_i[n_log, 1], log_i[n_log, 2], log_i[n_log, 3] = \
                 m, total, 0, recomputed
             log_i[n_log, 4], log_i[n_log, 5], log_i[n_log, 6], log_i[n_log, 7] = \
@@ -388,9 +382,8 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
                             preempted[n_pre] = v
                             n_pre += 1
                     if n_run == 0:
-                        info[0], info[1] = EMPTIED, now
-                        return _finish(info, chunks, log_i, log_f, log_b, n_log, irr,
-                                       irr_count, n_irr)
+                        code = EMPTIED
+                        break
                     queued = (w_tail - w_head) + n_pre + n_over
                 rows = n_run
                 used += need
@@ -405,12 +398,21 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
                 # -- ``decode_rows`` of ``RooflineCost.decode_step_function`` ------------
                 if decode_table[rows, 0] != decode_table[rows, 0]:
                     _decode_row_from_python(decode_table, rows)
-                d = decode_table[rows]  # ``decode_constants(rows)``, named as there
-                s3, t0, t1, t2, t3, att_lat, t_norm = d[0], d[1], d[2], d[3], d[4], d[5], d[6]
-                e_norm, norms_l, comm_l, emb_s, lm_s, overhead = d[7], d[8], d[9], d[10], \
-                    d[11], d[12]
-                c2, m2, f2, b2, rows_row_tok, rows_kq = d[13], d[14], d[15], d[16], d[17], d[18]
-                memory_if_compute, compute_if_memory = d[19], d[20]
+                # ``decode_constants(rows)``, named as there (read one by one: a row view
+                # would cost reference counting every step)
+                s3, t0, t1, t2 = decode_table[rows, 0], decode_table[rows, 1], \
+                    decode_table[rows, 2], decode_table[rows, 3]
+                t3, att_lat, t_norm = decode_table[rows, 4], decode_table[rows, 5], \
+                    decode_table[rows, 6]
+                e_norm, norms_l, comm_l = decode_table[rows, 7], decode_table[rows, 8], \
+                    decode_table[rows, 9]
+                emb_s, lm_s, overhead = decode_table[rows, 10], decode_table[rows, 11], \
+                    decode_table[rows, 12]
+                c2, m2, f2, b2 = decode_table[rows, 13], decode_table[rows, 14], \
+                    decode_table[rows, 15], decode_table[rows, 16]
+                rows_row_tok, rows_kq = decode_table[rows, 17], decode_table[rows, 18]
+                memory_if_compute, compute_if_memory = decode_table[rows, 19], \
+                    decode_table[rows, 20]
                 kv_tokens = key_sum + rows * (G + 1)
                 f = fpp * kv_tokens
                 b = kvt * (kv_tokens + rows_row_tok) + rows_kq
@@ -456,8 +458,8 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
                     old = rows - n_members
                     if old and last_decode_end != now:
                         regular -= old
-                        irr, irr_count, n_irr = _add_irregular(
-                            irr, irr_count, n_irr, end, end - last_decode_end, old)
+                        n_irr = _add_irregular(irr, irr_count, n_irr, end, end - last_decode_end,
+                                               old)
                     for gi in range(n_groups):
                         lo_m = group_lo[gi]
                         hi_m = group_lo[gi + 1] if gi + 1 < n_groups else n_members
@@ -470,15 +472,14 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
                                 max_itl[members[j]] = gap
                         if gend != now:
                             regular -= hi_m - lo_m
-                            irr, irr_count, n_irr = _add_irregular(
-                                irr, irr_count, n_irr, end, gap, hi_m - lo_m)
+                            n_irr = _add_irregular(irr, irr_count, n_irr, end, gap, hi_m - lo_m)
                     n_groups, n_members = 0, 0
                 if G >= 2:  # ``push_gap``
                     gap = end - last_decode_end
                     while n_gap and gap_val[n_gap - 1] <= gap:
                         n_gap -= 1
-                    if n_gap == gap_idx.shape[0]:
-                        gap_idx, gap_val = _grow_gaps(gap_idx, gap_val)
+                    if n_gap == gap_idx.shape[0]:  # only requests still running will ask
+                        n_gap = _prune_gaps(gap_idx, gap_val, n_gap, adm_g[run_head] + 2)
                     gap_idx[n_gap], gap_val[n_gap] = G, gap
                     n_gap += 1
                 last_decode_end = end
@@ -514,12 +515,6 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
                             key_sum, used)
                         status[i], reason[i], finish[i] = REJECTED, OUTGREW, end
                 # -- ``record`` -----------------------------------------------------------
-                if n_log == chunk_rows:
-                    chunks.append((log_i, log_f, log_b))
-                    log_i = np.empty((chunk_rows, 8), dtype=np.int64)
-                    log_f = np.empty((chunk_rows, 4))
-                    log_b = np.empty(chunk_rows, dtype=np.int8)
-                    n_log = 0
                 log_i[n_log, 0], log_i[n_log, 1], log_i[n_log, 2], log_i[n_log, 3] = \
                     rows, 0, rows, 0
                 log_i[n_log, 4], log_i[n_log, 5], log_i[n_log, 6], log_i[n_log, 7] = \
@@ -530,27 +525,30 @@ def continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,  
                 n_log += 1
                 now = end
                 if ((nxt < n and arrival[nxt] <= now) or queued or n_run == 0 or has_deadline
-                        or (has_horizon and now >= horizon)):
-                    break
+                        or (has_horizon and now >= horizon) or n_log >= cap_log
+                        or n_irr + irr_headroom > cap_irr):
+                    break  # (a full buffer: the loop's top pauses the run)
+            if code >= 0:
+                break
         else:  # nothing admitted and nothing running: wait for the next arrival
             if nxt >= n:
-                info[0], info[1], info[2] = STALLED, now, (w_tail - w_head) + n_pre
-                return _finish(info, chunks, log_i, log_f, log_b, n_log, irr, irr_count, n_irr)
+                code, queued = STALLED, (w_tail - w_head) + n_pre
+                break
             now = arrival[nxt]
-    i = run_head  # cut short (horizon, wall clock): materialize who is still running
-    while i >= 0:
-        key_sum, used, n_gap = _leave(
-            i, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held, last_tok, max_itl,
-            epoch, residues, bs, gap_idx, gap_val, n_gap, key_sum, used)
-        i = run_next[i]
-    return _finish(info, chunks, log_i, log_f, log_b, n_log, irr, irr_count, n_irr)
-
-
-@njit(cache=True)
-def _finish(info, chunks, log_i, log_f, log_b, n_log, irr, irr_count, n_irr):  # noqa: ANN202
-    """The kernel's return tuple, the last chunk and the irregular rows trimmed."""
-    return (info, chunks, log_i[:n_log].copy(), log_f[:n_log].copy(), log_b[:n_log].copy(),
-            irr[:n_irr].copy(), irr_count[:n_irr].copy())
+    if code == DONE or code == CUT:  # cut short (horizon, wall clock): materialize who runs
+        i = run_head
+        while i >= 0:
+            key_sum, used, n_gap = _leave(
+                i, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held, last_tok,
+                max_itl, epoch, residues, bs, gap_idx, gap_val, n_gap, key_sum, used)
+            i = run_next[i]
+    (state_i[0], state_i[1], state_i[2], state_i[3], state_i[4], state_i[5], state_i[6],
+     state_i[7], state_i[8], state_i[9], state_i[10], state_i[11], state_i[12], state_i[13],
+     state_i[14], state_i[15], state_i[16], state_i[17], state_i[18], state_i[19]) = (
+        run_head, run_tail, n_run, w_head, w_tail, n_pre, n_over, n_groups, n_members, n_fin,
+        n_max, n_min, n_gap, n_log, n_irr, key_sum, used, G, nxt, iterations)
+    state_f[0], state_f[1] = now, last_decode_end
+    return code, now, queued
 
 
 @njit(cache=True)
@@ -594,33 +592,23 @@ def _leave(i, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held, last
 
 @njit(cache=True)
 def _add_irregular(irr, irr_count, n_irr, at, gap, count):  # noqa: ANN202
-    """``StepLog.add_irregular_itl``: merge with the last entry when time and gap match."""
+    """``StepLog.add_irregular_itl``: merge with the last entry when time and gap match
+    (the caller keeps room for a step's rows); returns the new row count."""
     if n_irr and irr[n_irr - 1, 0] == at and irr[n_irr - 1, 1] == gap:
         irr_count[n_irr - 1] += count
-        return irr, irr_count, n_irr
-    if n_irr == irr.shape[0]:
-        irr, irr_count = _grow_irregular(irr, irr_count)
+        return n_irr
     irr[n_irr, 0], irr[n_irr, 1], irr_count[n_irr] = at, gap, count
-    return irr, irr_count, n_irr + 1
+    return n_irr + 1
 
 
 @njit(cache=True)
-def _grow_irregular(irr, irr_count):  # noqa: ANN202
-    """Double the irregular-gap buffers."""
-    grown = np.empty((2 * irr.shape[0], 2))
-    grown[:irr.shape[0]] = irr
-    counts = np.empty(2 * irr.shape[0], dtype=np.int64)
-    counts[:irr.shape[0]] = irr_count
-    return grown, counts
-
-
-@njit(cache=True)
-def _grow_gaps(gap_idx, gap_val):  # noqa: ANN202
-    """Double the gap stack."""
-    k = gap_idx.shape[0]
-    idx = np.empty(2 * k, dtype=np.int64)
-    idx[:k] = gap_idx
-    val = np.empty(2 * k)
-    val[:k] = gap_val
-    return idx, val
-
+def _prune_gaps(gap_idx, gap_val, n_gap, first):  # noqa: ANN202
+    """Drop the stack's entries older than decode ``first`` (the oldest running request's
+    first decode gap: nobody asks for earlier ones again); returns the new size. The stack
+    spans at most the oldest request's output length, so a buffer twice the longest output
+    always has room after this."""
+    j = np.searchsorted(gap_idx[:n_gap], first)
+    keep = n_gap - j
+    gap_idx[:keep] = gap_idx[j:n_gap].copy()
+    gap_val[:keep] = gap_val[j:n_gap].copy()
+    return keep

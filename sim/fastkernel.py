@@ -34,8 +34,8 @@ from sim.validate import EngineError
 #: Runs with fewer requests stay on the interpreted fast path: importing numba and loading the
 #: cached kernel costs about a second, more than such a run takes.
 COMPILED_MIN_REQUESTS = 50_000
-#: Step-log rows per chunk the kernel fills (the log is assembled once at the end).
-LOG_CHUNK_ROWS = 1 << 18
+#: Rows the step log and the irregular-gap log start with (each doubles when full, in place).
+INITIAL_LOG_ROWS, INITIAL_IRREGULAR_ROWS = 1 << 18, 4096
 #: Decode batch sizes the kernel keeps constants for; larger ``max_num_seqs`` runs interpreted.
 MAX_TABLE_ROWS = 1 << 16
 
@@ -123,15 +123,44 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
     res_f = np.full((6, n), np.nan)  # first scheduled, first token, finish, max ITL, scratch
     res_f[3] = 0.0
     res_i = np.zeros((4, n), dtype=np.int64)  # preemptions, generated, status, reason
+    work = np.zeros((7, n), dtype=np.int64)  # max held, key, base, admitted at, epoch, links
+    work[5:] = -1
+    queues = np.empty((7, n), dtype=np.int64)
+    groups_f, groups_i = np.empty(n + 1), np.empty(n + 1, dtype=np.int64)
+    # live heap rows are running requests; twice that leaves room after dropping stale rows
+    heaps = np.empty((3, 2 * min(policy.max_num_seqs, n) + 64, 3), dtype=np.int64)
+    # the gap stack spans at most the oldest running request's output: twice the longest
+    gap_rows = 2 * int(out.max(initial=0)) + 64
+    gaps_i, gaps_f = np.empty(gap_rows, dtype=np.int64), np.empty(gap_rows)
+    residues = np.zeros(bs, dtype=np.int64)
+    log_i = np.empty((INITIAL_LOG_ROWS, len(INT_COLUMNS)), dtype=np.int64)
+    log_f = np.empty((INITIAL_LOG_ROWS, len(FLOAT_COLUMNS)))
+    log_b = np.empty(INITIAL_LOG_ROWS, dtype=np.int8)
+    irr = np.empty((INITIAL_IRREGULAR_ROWS, 2))
+    irr_count = np.empty(len(irr), dtype=np.int64)
+    state_i = np.zeros(20, dtype=np.int64)
+    state_i[0] = state_i[1] = -1  # no running request
+    state_f = np.array([0.0, math.nan])  # clock, end of the last decode step
 
     _active.costs, _active.cost, _active.deadline = _Costs(cost), cost, deadline
     try:
-        info, chunks, last_ints, last_floats, last_bounds, irregular, irregular_counts = \
-            loop.continuous_kernel(arrival, prompt, out, rejected_on_arrival, ints, floats,
-                              decode_table, prefill_table, res_f, res_i, LOG_CHUNK_ROWS)
+        while True:
+            code, at, queued = loop.run_segment(
+                arrival, prompt, out, rejected_on_arrival, ints, floats, decode_table,
+                prefill_table, res_f, res_i, work, queues, groups_f, groups_i, heaps, gaps_i,
+                gaps_f, residues, log_i, log_f, log_b, irr, irr_count, state_i, state_f)
+            if code == loop.LOG_FULL:  # grow in place (realloc: no second copy)
+                rows = max(2 * len(log_i), 64)
+                log_i.resize((rows, log_i.shape[1]), refcheck=False)
+                log_f.resize((rows, log_f.shape[1]), refcheck=False)
+                log_b.resize(rows, refcheck=False)
+            elif code == loop.IRR_FULL:
+                irr.resize((max(2 * len(irr), 64), 2), refcheck=False)
+                irr_count.resize(len(irr), refcheck=False)
+            else:
+                break
     finally:
         del _active.costs, _active.cost, _active.deadline
-    code, at, queued = int(info[0]), float(info[1]), int(info[2])
     if code == loop.STALLED:
         raise EngineError(
             f"policy {policy.name!r} stalled at t={at:.6f}s: empty plan, no wake_at_s,"
@@ -139,8 +168,13 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
     if code == loop.EMPTIED:
         raise EngineError(f"fast path: preemption emptied the batch at t={at:.6f}s")
 
-    _fill_log(log, chunks, last_ints, last_floats, last_bounds, irregular, irregular_counts,
-              replica)
+    steps, irregular_rows = int(state_i[13]), int(state_i[14])
+    log_i.resize((steps, log_i.shape[1]), refcheck=False)  # trim in place
+    log_f.resize((steps, log_f.shape[1]), refcheck=False)
+    log_b.resize(steps, refcheck=False)
+    irr.resize((irregular_rows, 2), refcheck=False)
+    irr_count.resize(irregular_rows, refcheck=False)
+    _fill_log(log, log_i, log_f, log_b, irr, irr_count, replica)
     result = FastResult(0)
     result.first_scheduled_s, result.first_token_s, result.finish_s, result.max_itl_s = \
         res_f[0], res_f[1], res_f[2], res_f[3]
@@ -171,27 +205,15 @@ def _reasons(loop: Any, res_i: np.ndarray, prompt: np.ndarray, arrival_reason: d
     return reason
 
 
-def _fill_log(log: StepLog, chunks: Any, last_ints: np.ndarray, last_floats: np.ndarray,
-              last_bounds: np.ndarray, irregular: np.ndarray, irregular_counts: np.ndarray,
+def _fill_log(log: StepLog, step_ints: np.ndarray, step_floats: np.ndarray,
+              step_bounds: np.ndarray, irregular: np.ndarray, irregular_counts: np.ndarray,
               replica: int) -> None:
-    """Move the kernel's step-log chunks into ``log`` (packed columns, as ``sim.fastpath``
-    writes them), copying chunk by chunk so that at most one chunk is held twice."""
-    rows = sum(c[0].shape[0] for c in chunks) + last_ints.shape[0]
-    packed_ints = np.empty((rows, len(INT_COLUMNS)), dtype=np.int64)
-    packed_floats = np.empty((rows, len(FLOAT_COLUMNS)))
-    bounds = np.empty(rows, dtype=np.int8)
-    at = 0
-    while len(chunks):
-        ci, cf, cb = chunks.pop(0)
-        k = ci.shape[0]
-        packed_ints[at:at + k], packed_floats[at:at + k], bounds[at:at + k] = ci, cf, cb
-        at += k
-        del ci, cf, cb
-    packed_ints[at:], packed_floats[at:], bounds[at:] = last_ints, last_floats, last_bounds
+    """Hand the kernel's step rows and irregular gaps to ``log`` as ``sim.fastpath`` writes
+    them (packed columns; the arrays themselves, not copies)."""
     log.zero_columns = ZERO_COLUMNS
     log.packed_int_columns, log.packed_float_columns = INT_COLUMNS, FLOAT_COLUMNS
-    log.packed_ints, log.packed_floats = packed_ints.ravel(), packed_floats.ravel()
-    log.cols["bound"] = _BOUNDS[bounds].tolist()
+    log.packed_ints, log.packed_floats = step_ints.ravel(), step_floats.ravel()
+    log.cols["bound"] = _BOUNDS[step_bounds]  # an object array: the table takes it uncopied
     log.replica = replica
     m = len(irregular_counts)
     if m:

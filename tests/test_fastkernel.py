@@ -74,12 +74,14 @@ def test_compiled_equals_interpreted_under_kv_pressure_at_scale(cost):
     assert_same_run(compiled, sim.simulate(reqs, **kw, fast_path="interpreted"))
 
 
-def test_compiled_log_spans_several_chunks(monkeypatch):
-    monkeypatch.setattr(fastkernel, "LOG_CHUNK_ROWS", 64)
+def test_compiled_run_pauses_to_grow_its_logs_and_resumes_exactly(monkeypatch):
+    monkeypatch.setattr(fastkernel, "INITIAL_LOG_ROWS", 1)
+    monkeypatch.setattr(fastkernel, "INITIAL_IRREGULAR_ROWS", 1)
     reqs = _long_tailed(400, 3, 0.05)
     kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 2000}}
     compiled = sim.simulate(reqs, **kw, fast_path="compiled")
-    assert len(compiled.steps) > 10 * 64
+    # from one row each, doubling: the run paused and resumed several times for each log
+    assert len(compiled.steps) > 1024 and len(compiled.irregular_itl_runs[0]) > 256
     assert_same_run(compiled, sim.simulate(reqs, **kw, fast_path="interpreted"))
 
 
@@ -118,3 +120,15 @@ def test_fast_path_choice_is_validated():
     with pytest.raises(ValueError, match="fast_path must be one of"):
         sim.simulate([sim.Request(0, 0.0, 5, 5)], policy="continuous", cost=ROOFLINE,
                      fast_path="numba")
+
+
+def test_gap_stack_prunes_what_no_running_request_needs():
+    # Prompts shrink as they arrive, each alone: the decode-to-decode gap spanning its
+    # prefill is longer than every later gap, so the monotonic stack keeps all 1,200 of them
+    # (the interpreted path's stack reaches 1,193) — far more than the kernel's buffer of
+    # twice the longest output (464). It must prune to the oldest running request's span and
+    # stay exact.
+    reqs = [sim.Request(i, i * 0.4, 4000 - 3 * i, 200) for i in range(1200)]
+    kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 20000}}
+    compiled = sim.simulate(reqs, **kw, fast_path="compiled")
+    assert_same_run(compiled, sim.simulate(reqs, **kw, fast_path="interpreted"))
