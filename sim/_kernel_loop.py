@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, objmode
 
-from sim.fastkernel import _fill_decode_row, _past_deadline, _prefill_cost
+from sim.fastkernel import _fill_decode_row, _fill_dense_row, _past_deadline, _prefill_cost
 
 # Codes shared with ``sim.fastkernel``, defined here because numba freezes a cached kernel's
 # globals and only notices when this file changes.
@@ -125,6 +125,101 @@ def _decode_row_from_python(table: np.ndarray, rows: int) -> None:
 
 
 @njit(cache=True)
+def _dense_row_from_python(table: np.ndarray, known: np.ndarray, tokens: int, rows: int) -> None:
+    """Ask Python for ``dense_constants(tokens, rows)`` (into ``table[tokens, rows]``)."""
+    with objmode():
+        _fill_dense_row(table, known, tokens, rows)
+
+
+@njit(cache=True)
+def _prefill_in_kernel(sizes, m, tokens, params_f, dense_table, dense_known,  # noqa: ANN202
+                       uses_min, L, tpf, tp):
+    """``RooflineCost.prefill_cost`` of the whole prompts ``sizes[:m]`` (``tokens`` in all):
+    ``_prompt_attention``'s one prefill operator, then ``assemble_one_attention`` with the
+    dense constants of ``(tokens, m)``, the same operations in the same order. Returns
+    ``(False, ...)`` where Python must cost it: a one-token prompt (a second, decode-style
+    operator) or a shape beyond the constants table."""
+    if m >= dense_table.shape[1] or tokens >= dense_table.shape[0]:
+        return False, 0.0, 0.0, 0.0, 0
+    fpp, kvt, row_tok, q_bytes, bw, hkv, split, dec_half = (
+        params_f[1], params_f[2], params_f[4], params_f[5], params_f[7], params_f[8],
+        params_f[9], params_f[10])
+    peak_att = params_f[6]
+    peak, compute_eff, m_half, pad_tokens, hq, pf_half = (
+        params_f[11], params_f[12], params_f[13], params_f[14], params_f[15], params_f[16])
+    pairs_all = 0
+    c_lo, c_hi = sizes[0], sizes[0]
+    for j in range(m):
+        n = sizes[j]
+        if n == 1:
+            return False, 0.0, 0.0, 0.0, 0
+        pairs_all += n * n - (n * n - n) // 2
+        c_lo = min(c_lo, n)
+        c_hi = max(c_hi, n)
+    # ``_decode_tail_s`` over every row
+    slow = _unit(float(c_hi), fpp, peak_att, kvt, row_tok, q_bytes, bw, hkv, split)
+    if uses_min:
+        low = _unit(float(c_lo), fpp, peak_att, kvt, row_tok, q_bytes, bw, hkv, split)
+        slow = slow if slow >= low else low
+    tail = dec_half * slow
+    f = fpp * pairs_all
+    b = kvt * (tokens + tokens + m * row_tok) + q_bytes * tokens
+    chunk = tokens / m
+    eff = compute_eff * chunk / (chunk + m_half)
+    pad = fpp * pad_tokens
+    peak_eff = peak * eff
+    worst = 0.0
+    for j in range(m):
+        n = sizes[j]
+        pairs = n * n - (n * n - n) // 2
+        tc = (fpp * pairs + pad * n) / peak_eff
+        tm = (kvt * (n + n + row_tok) + q_bytes * n) / bw
+        u = (tc if tc >= tm else tm) / (hq * (1.0 + n / 128.0))
+        if j == 0 or u > worst:
+            worst = u
+    worst = pf_half * worst
+    if worst > tail:
+        tail = worst
+    tc = (f + pad * tokens) / peak_eff + tail
+    tm = b / bw + tail
+    if not dense_known[tokens, m]:
+        _dense_row_from_python(dense_table, dense_known, tokens, m)
+    # ``assemble_one_attention``
+    s3, t0, t1, t2 = dense_table[tokens, m, 0], dense_table[tokens, m, 1], \
+        dense_table[tokens, m, 2], dense_table[tokens, m, 3]
+    t3, att_lat, t_norm = dense_table[tokens, m, 4], dense_table[tokens, m, 5], \
+        dense_table[tokens, m, 6]
+    e_norm, norms_l, comm_l = dense_table[tokens, m, 7], dense_table[tokens, m, 8], \
+        dense_table[tokens, m, 9]
+    emb_s, lm_s, overhead = dense_table[tokens, m, 10], dense_table[tokens, m, 11], \
+        dense_table[tokens, m, 12]
+    c2, m2, f2, b2 = dense_table[tokens, m, 13], dense_table[tokens, m, 14], \
+        dense_table[tokens, m, 15], dense_table[tokens, m, 16]
+    memory_if_compute, compute_if_memory = dense_table[tokens, m, 19], \
+        dense_table[tokens, m, 20]
+    if tc > tm:
+        t = tc
+        compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
+    else:
+        t = tm
+        compute_s = compute_if_memory
+        memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
+    secs = s3 + (t + att_lat) * L + norms_l
+    if tp > 1:
+        secs += comm_l
+    secs = secs + emb_s + lm_s + overhead
+    if memory_s >= compute_s:
+        bound, top = 1, memory_s
+    else:
+        bound, top = 0, compute_s
+    if comm_l > top:
+        bound, top = 2, comm_l
+    if overhead >= top:
+        bound = 3
+    return True, secs, ((t2 + f) * L + f2) * tpf, (((t3 + b) + e_norm) * L + b2) * tpf, bound
+
+
+@njit(cache=True)
 def _unit(c: float, fpp: float, peak_att: float, kvt: float, row_tok: float, q_bytes: float,
           att_bw: float, hkv: float, split: float) -> float:
     """``decode_step_function``'s ``unit``: one decode row's per-unit attention time."""
@@ -135,8 +230,8 @@ def _unit(c: float, fpp: float, peak_att: float, kvt: float, row_tok: float, q_b
 
 @njit(cache=True)
 def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  # noqa: C901
-                decode_table, prefill_table, res_f, res_i, work, queues, groups_f, groups_i,
-                heaps, gaps_i, gaps_f, residues, log_i, log_f, log_b, irr, irr_count,
+                decode_table, dense_table, dense_known, res_f, res_i, work, queues, groups_f,
+                groups_i, heaps, gaps_i, gaps_f, residues, log_i, log_f, log_b, irr, irr_count,
                 state_i, state_f):
     """Run the simulation from the state in ``state_i``/``state_f`` until it ends or a log
     buffer fills; save the state back and return ``(code, time, queued)``. ``code`` is
@@ -255,19 +350,12 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
                 used += -(-tokens // bs)
                 sizes[j] = tokens
                 total += tokens
-            # -- ``_Costs.prefill``: a table by prompt length, Python for several prompts ----
-            if m == 1 and sizes[0] < prefill_table.shape[0] \
-                    and prefill_table[sizes[0], 0] == prefill_table[sizes[0], 0]:
-                secs, flops = prefill_table[sizes[0], 0], prefill_table[sizes[0], 1]
-                nbytes, bound = prefill_table[sizes[0], 2], np.int64(prefill_table[sizes[0], 3])
-            else:
+            # -- ``RooflineCost.prefill_cost`` in the kernel; Python for what it leaves out ----
+            ok, secs, flops, nbytes, bound = _prefill_in_kernel(
+                sizes, m, total, params_f, dense_table, dense_known, uses_min, L, tpf, tp)
+            if not ok:
                 batch = sizes[:m]
                 secs, flops, nbytes, bound = _prefill_from_python(batch)
-                if m == 1 and sizes[0] < prefill_table.shape[0]:
-                    prefill_table[sizes[0], 0] = secs
-                    prefill_table[sizes[0], 1] = flops
-                    prefill_table[sizes[0], 2] = nbytes
-                    prefill_table[sizes[0], 3] = bound
             end = now + secs
             held = used
             live = key_sum + num_running * G + total

@@ -9,9 +9,10 @@ to the general engine (tests/test_fastkernel.py).
 
 Scope: vLLM mode (prefill-only steps and pure-decode steps) on ``RooflineCost`` without a
 sliding window. Decode steps are costed inside the kernel from ``RooflineCost``'s per-batch-size
-constants (``decode_constants``, fetched once per batch size); prefill steps of one prompt from
-a table filled once per prompt length; prefill steps of several prompts call back into Python
-(``RooflineCost.prefill_step``, memoized) through ``numba.objmode`` — a few percent of steps.
+constants (``decode_constants``, fetched once per batch size), prefill steps of up to
+``DENSE_MAX_PROMPTS`` prompts from ``dense_constants`` (fetched once per token count and prompt
+count) and the prompts' attention operator; the rare rest (a one-token prompt, a bigger batch)
+calls ``RooflineCost.prefill_cost`` in Python through ``numba.objmode``.
 
 numba is imported only when this path runs (``simulate`` picks it for runs of at least
 ``COMPILED_MIN_REQUESTS`` requests), and the compiled kernel is cached on disk, so small runs,
@@ -38,6 +39,9 @@ COMPILED_MIN_REQUESTS = 50_000
 INITIAL_LOG_ROWS, INITIAL_IRREGULAR_ROWS = 1 << 18, 4096
 #: Decode batch sizes the kernel keeps constants for; larger ``max_num_seqs`` runs interpreted.
 MAX_TABLE_ROWS = 1 << 16
+#: Prefill steps the kernel costs itself (others call ``RooflineCost.prefill_cost``): up to
+#: this many prompts and tokens, none of one token.
+DENSE_MAX_PROMPTS, DENSE_MAX_TOKENS = 8, 1 << 16
 
 #: Names of the kernel's status and bound codes (``sim._kernel_loop``), by code.
 _STATUS = np.array(["waiting", "running", "finished", "rejected"], dtype=object)
@@ -72,6 +76,12 @@ def _prefill_cost(sizes: np.ndarray) -> tuple[float, float, float, int]:
 def _fill_decode_row(table: np.ndarray, rows: int) -> None:
     """objmode callback: the decode constants of batch size ``rows`` into ``table[rows]``."""
     table[rows, :] = _active.cost.decode_constants(rows)
+
+
+def _fill_dense_row(table: np.ndarray, known: np.ndarray, tokens: int, rows: int) -> None:
+    """objmode callback: ``dense_constants(tokens, rows)`` into ``table[tokens, rows]``."""
+    table[tokens, rows, :] = _active.cost.dense_constants(float(tokens), rows)
+    known[tokens, rows] = True
 
 
 def _past_deadline() -> bool:
@@ -113,13 +123,15 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
                      -1 if kv.max_preemptions is None else kv.max_preemptions,
                      int(cost.decode_uses_min_context), int(horizon_s is not None),
                      int(deadline is not None), cost.model.num_layers, cost.tp], dtype=np.int64)
-    floats = np.array([math.inf if horizon_s is None else horizon_s, *cost.decode_scalars()],
-                      dtype=np.float64)
+    floats = np.array([math.inf if horizon_s is None else horizon_s, *cost.decode_scalars(),
+                       *cost.prefill_scalars()], dtype=np.float64)
     table_rows = min(policy.max_num_seqs, n) + 1
     decode_table = np.full((table_rows, 21), np.nan)
-    prefill_rows = min(max_tokens, kv.capacity_tokens, 1 << 20) + 1
-    prefill_table = np.full((prefill_rows, 4), np.nan)
-
+    # dense constants of prefill steps by (tokens, prompts): np.empty and np.zeros leave the
+    # pages untouched until a shape first occurs, so the table costs what the run uses
+    dense_table = np.empty((min(max_tokens, kv.capacity_tokens, DENSE_MAX_TOKENS) + 1,
+                            DENSE_MAX_PROMPTS + 1, 21))
+    dense_known = np.zeros(dense_table.shape[:2], dtype=np.bool_)
     res_f = np.full((6, n), np.nan)  # first scheduled, first token, finish, max ITL, scratch
     res_f[3] = 0.0
     res_i = np.zeros((4, n), dtype=np.int64)  # preemptions, generated, status, reason
@@ -147,8 +159,8 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
         while True:
             code, at, queued = loop.run_segment(
                 arrival, prompt, out, rejected_on_arrival, ints, floats, decode_table,
-                prefill_table, res_f, res_i, work, queues, groups_f, groups_i, heaps, gaps_i,
-                gaps_f, residues, log_i, log_f, log_b, irr, irr_count, state_i, state_f)
+                dense_table, dense_known, res_f, res_i, work, queues, groups_f, groups_i, heaps,
+                gaps_i, gaps_f, residues, log_i, log_f, log_b, irr, irr_count, state_i, state_f)
             if code == loop.LOG_FULL:  # grow in place (realloc: no second copy)
                 rows = max(2 * len(log_i), 64)
                 log_i.resize((rows, log_i.shape[1]), refcheck=False)

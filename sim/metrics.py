@@ -248,15 +248,17 @@ def _stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, f
         q = np.percentile(values, [50, 90, 99])
         return {"mean": values.mean() * 1e3, "median": q[0] * 1e3, "p90": q[1] * 1e3,
                 "p99": q[2] * 1e3}
-    # one multi-million-entry array after another: the caller holds no reference to these
-    order = np.argsort(values, kind="stable")
+    # one multi-million-entry array after another: the caller holds no reference to these.
+    # The mean is taken in the given order and the percentiles read values only, so the
+    # order of tied values (an unstable sort's, ~3x faster than a stable one) changes nothing.
+    out = {"mean": float((values * weights).sum() / weights.sum()) * 1e3}
+    order = np.argsort(values, kind="quicksort")
     v = values[order]
     del values
     w = weights[order]
     del weights, order
     cum = np.cumsum(w)  # integer counts stay exact; float weights as given
     total = cum[-1]
-    out = {"mean": float((v * w).sum() / total) * 1e3}
     # Inverted-CDF percentile of the weighted sample: identical to expanding the counts.
     for name, p in (("median", 50), ("p90", 90), ("p99", 99)):
         pos = p / 100 * (total - 1)

@@ -256,6 +256,14 @@ class AggregateSteps:
                 p.attention_row_tokens, self._q_bytes_tok, self._peak * p.attention_compute_eff,
                 self._att_bw, self._hkv, self._split, p.attention_decode_par_half)
 
+    def prefill_scalars(self) -> tuple[float, ...]:
+        """The constants ``_prompt_attention`` reads besides ``decode_scalars``, in the order
+        ``(peak FLOP/s, attention compute efficiency, m_half, pad tokens, query heads,
+        prefill par_half)`` (``sim.fastkernel`` passes them to its kernel)."""
+        p = self.params
+        return (self._peak, p.attention_compute_eff, p.attention_m_half,
+                p.attention_pad_tokens, self._hq, p.attention_prefill_par_half)
+
     def decode_step_for_rows(self, rows: int):  # noqa: ANN201 - a closure
         """``decode_step`` with ``rows`` fixed: ``f(kv_tokens, c_min, c_max)``, for callers
         that cost many decode steps of one batch size in a row."""
