@@ -21,6 +21,8 @@ WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3  # a request's status
 # why a request was rejected (its message is built afterwards from its final counters)
 NO_REASON, ON_ARRIVAL, OVER_BUDGET, PREEMPTED_TOO_OFTEN, OUTGREW = 0, 1, 2, 3, 4
 DONE, STALLED, EMPTIED, CUT, LOG_FULL, IRR_FULL = 0, 1, 2, 3, 4, 5  # how ``run_segment`` ended
+ROOFLINE, CONSTANT, LINEAR = 0, 1, 2  # the cost model (as ``sim.fastkernel`` codes it)
+BOUND_CONSTANT, BOUND_LINEAR = 4, 5  # bound codes past the roofline's four
 # columns of res_f / res_i (see ``run_continuous_compiled``)
 F_SCHED, F_TOKEN, F_FINISH, F_MAX_ITL, F_LAST_TOKEN, F_ADMITTED_AT = 0, 1, 2, 3, 4, 5
 I_PREEMPTIONS, I_GENERATED, I_STATUS, I_REASON = 0, 1, 2, 3
@@ -244,9 +246,12 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
     n = arrival.shape[0]
     bs, num_blocks, capacity, max_seqs, max_tokens, mark_blocks = (
         params_i[0], params_i[1], params_i[2], params_i[3], params_i[4], params_i[5])
-    limit, uses_min, has_horizon, has_deadline, num_layers, tp = (
+    limit, uses_min, has_horizon, has_deadline, num_layers, tp, cost_kind = (
         params_i[6], params_i[7] != 0, params_i[8] != 0, params_i[9] != 0, params_i[10],
-        params_i[11])
+        params_i[11], params_i[12])
+    # ``ConstantCost`` (1): every step ``base_s``; ``LinearCost`` (2): ``base_s + per_token_s
+    # × tokens + per_seq_s × rows``; 0: the roofline
+    base_s, per_token_s, per_seq_s = params_f[17], params_f[18], params_f[19]
     horizon, fpp, kvt, g_lat, row_tok, q_bytes, peak_att, att_bw, hkv, split, par_half = (
         params_f[0], params_f[1], params_f[2], params_f[3], params_f[4], params_f[5],
         params_f[6], params_f[7], params_f[8], params_f[9], params_f[10])
@@ -351,8 +356,14 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
                 sizes[j] = tokens
                 total += tokens
             # -- ``RooflineCost.prefill_cost`` in the kernel; Python for what it leaves out ----
-            ok, secs, flops, nbytes, bound = _prefill_in_kernel(
-                sizes, m, total, params_f, dense_table, dense_known, uses_min, L, tpf, tp)
+            if cost_kind == CONSTANT:
+                ok, secs, flops, nbytes, bound = True, base_s, 0.0, 0.0, BOUND_CONSTANT
+            elif cost_kind == LINEAR:
+                ok, flops, nbytes, bound = True, 0.0, 0.0, BOUND_LINEAR
+                secs = base_s + per_token_s * total + per_seq_s * m
+            else:
+                ok, secs, flops, nbytes, bound = _prefill_in_kernel(
+                    sizes, m, total, params_f, dense_table, dense_known, uses_min, L, tpf, tp)
             if not ok:
                 batch = sizes[:m]
                 secs, flops, nbytes, bound = _prefill_from_python(batch)
@@ -483,61 +494,67 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
                     c_min = G + 1 + min_heap[0, 0]
                 else:
                     c_min = c_max
-                # -- ``decode_rows`` of ``RooflineCost.decode_step_function`` ------------
-                if decode_table[rows, 0] != decode_table[rows, 0]:
-                    _decode_row_from_python(decode_table, rows)
-                # ``decode_constants(rows)``, named as there (read one by one: a row view
-                # would cost reference counting every step)
-                s3, t0, t1, t2 = decode_table[rows, 0], decode_table[rows, 1], \
-                    decode_table[rows, 2], decode_table[rows, 3]
-                t3, att_lat, t_norm = decode_table[rows, 4], decode_table[rows, 5], \
-                    decode_table[rows, 6]
-                e_norm, norms_l, comm_l = decode_table[rows, 7], decode_table[rows, 8], \
-                    decode_table[rows, 9]
-                emb_s, lm_s, overhead = decode_table[rows, 10], decode_table[rows, 11], \
-                    decode_table[rows, 12]
-                c2, m2, f2, b2 = decode_table[rows, 13], decode_table[rows, 14], \
-                    decode_table[rows, 15], decode_table[rows, 16]
-                rows_row_tok, rows_kq = decode_table[rows, 17], decode_table[rows, 18]
-                memory_if_compute, compute_if_memory = decode_table[rows, 19], \
-                    decode_table[rows, 20]
-                kv_tokens = key_sum + rows * (G + 1)
-                f = fpp * kv_tokens
-                b = kvt * (kv_tokens + rows_row_tok) + rows_kq
-                if uses_min:
-                    hi = _unit(float(c_max), fpp, peak_att, kvt, row_tok, q_bytes, att_bw, hkv,
-                               split)
-                    lo = _unit(float(c_min), fpp, peak_att, kvt, row_tok, q_bytes, att_bw, hkv,
-                               split)
-                    tail = par_half * (hi if hi >= lo else lo)
+                if cost_kind == CONSTANT:
+                    secs, flops, nbytes, bound = base_s, 0.0, 0.0, BOUND_CONSTANT
+                elif cost_kind == LINEAR:
+                    secs = base_s + per_token_s * rows + per_seq_s * rows
+                    flops, nbytes, bound = 0.0, 0.0, BOUND_LINEAR
                 else:
-                    tail = par_half * _unit(float(c_max), fpp, peak_att, kvt, row_tok, q_bytes,
-                                            att_bw, hkv, split)
-                tc = f / peak_att + g_lat
-                tm = b / att_bw + g_lat
-                tc += tail
-                tm += tail
-                if tc > tm:
-                    t = tc
-                    compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
-                else:
-                    t = tm
-                    compute_s = compute_if_memory
-                    memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
-                secs = s3 + (t + att_lat) * L + norms_l
-                if tp > 1:
-                    secs += comm_l
-                secs = secs + emb_s + lm_s + overhead
-                if memory_s >= compute_s:
-                    bound, top = 1, memory_s
-                else:
-                    bound, top = 0, compute_s
-                if comm_l > top:
-                    bound, top = 2, comm_l
-                if overhead >= top:
-                    bound = 3
-                flops = ((t2 + f) * L + f2) * tpf
-                nbytes = (((t3 + b) + e_norm) * L + b2) * tpf
+                    # -- ``decode_rows`` of ``RooflineCost.decode_step_function`` ------------
+                    if decode_table[rows, 0] != decode_table[rows, 0]:
+                        _decode_row_from_python(decode_table, rows)
+                    # ``decode_constants(rows)``, named as there (read one by one: a row view
+                    # would cost reference counting every step)
+                    s3, t0, t1, t2 = decode_table[rows, 0], decode_table[rows, 1], \
+                        decode_table[rows, 2], decode_table[rows, 3]
+                    t3, att_lat, t_norm = decode_table[rows, 4], decode_table[rows, 5], \
+                        decode_table[rows, 6]
+                    e_norm, norms_l, comm_l = decode_table[rows, 7], decode_table[rows, 8], \
+                        decode_table[rows, 9]
+                    emb_s, lm_s, overhead = decode_table[rows, 10], decode_table[rows, 11], \
+                        decode_table[rows, 12]
+                    c2, m2, f2, b2 = decode_table[rows, 13], decode_table[rows, 14], \
+                        decode_table[rows, 15], decode_table[rows, 16]
+                    rows_row_tok, rows_kq = decode_table[rows, 17], decode_table[rows, 18]
+                    memory_if_compute, compute_if_memory = decode_table[rows, 19], \
+                        decode_table[rows, 20]
+                    kv_tokens = key_sum + rows * (G + 1)
+                    f = fpp * kv_tokens
+                    b = kvt * (kv_tokens + rows_row_tok) + rows_kq
+                    if uses_min:
+                        hi = _unit(float(c_max), fpp, peak_att, kvt, row_tok, q_bytes, att_bw, hkv,
+                                   split)
+                        lo = _unit(float(c_min), fpp, peak_att, kvt, row_tok, q_bytes, att_bw, hkv,
+                                   split)
+                        tail = par_half * (hi if hi >= lo else lo)
+                    else:
+                        tail = par_half * _unit(float(c_max), fpp, peak_att, kvt, row_tok, q_bytes,
+                                                att_bw, hkv, split)
+                    tc = f / peak_att + g_lat
+                    tm = b / att_bw + g_lat
+                    tc += tail
+                    tm += tail
+                    if tc > tm:
+                        t = tc
+                        compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
+                    else:
+                        t = tm
+                        compute_s = compute_if_memory
+                        memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
+                    secs = s3 + (t + att_lat) * L + norms_l
+                    if tp > 1:
+                        secs += comm_l
+                    secs = secs + emb_s + lm_s + overhead
+                    if memory_s >= compute_s:
+                        bound, top = 1, memory_s
+                    else:
+                        bound, top = 0, compute_s
+                    if comm_l > top:
+                        bound, top = 2, comm_l
+                    if overhead >= top:
+                        bound = 3
+                    flops = ((t2 + f) * L + f2) * tpf
+                    nbytes = (((t3 + b) + e_norm) * L + b2) * tpf
                 end = now + secs
                 G += 1
                 # -- ``first_decode_gaps`` ------------------------------------------------

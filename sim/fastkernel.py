@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from sim.cost import ConstantCost, LinearCost
 from sim.engine import never_fits
 from sim.fastpath import FLOAT_COLUMNS, INT_COLUMNS, ZERO_COLUMNS, FastResult, _Costs
 from sim.metrics import StepLog
+from sim.roofline import RooflineCost
 from sim.validate import EngineError
 
 #: Runs with fewer requests stay on the interpreted fast path: importing numba and loading the
@@ -45,19 +47,29 @@ DENSE_MAX_PROMPTS, DENSE_MAX_TOKENS = 8, 1 << 16
 
 #: Names of the kernel's status and bound codes (``sim._kernel_loop``), by code.
 _STATUS = np.array(["waiting", "running", "finished", "rejected"], dtype=object)
-_BOUNDS = np.array(["compute", "memory", "comm", "overhead"], dtype=object)
+_BOUNDS = np.array(["compute", "memory", "comm", "overhead", "constant", "linear"],
+                   dtype=object)
 _BOUND_CODE = {"compute": 0, "memory": 1, "comm": 2, "overhead": 3}
 
+#: The kernel's cost-model codes (``params_i[12]``).
+ROOFLINE, CONSTANT, LINEAR = 0, 1, 2
+
 _active = threading.local()  # the run's Python-side cost callbacks (objmode sees globals only)
+
+
+def _cost_kind(cost: Any) -> int:
+    """The kernel's code for a cost model (``ROOFLINE``, ``CONSTANT``, ``LINEAR``; -1: none)."""
+    if isinstance(cost, RooflineCost):
+        return ROOFLINE
+    return {ConstantCost: CONSTANT, LinearCost: LINEAR}.get(type(cost), -1)
 
 
 def compiled_blocker(policy: Any, cost: Any, n: int) -> str:
     """Why a run the interpreted fast path takes cannot use the kernel ('' when it can)."""
     if policy.mode != "vllm":
         return "Orca mode"
-    if not all(callable(getattr(cost, name, None))
-               for name in ("decode_constants", "decode_scalars", "prefill_step")):
-        return "the cost model is not a RooflineCost"
+    if _cost_kind(cost) < 0:
+        return "the cost model is not a RooflineCost, ConstantCost or LinearCost"
     if min(policy.max_num_seqs, n) >= MAX_TABLE_ROWS:
         return "max_num_seqs too large for the kernel's tables"
     try:
@@ -117,20 +129,25 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
     rejected_on_arrival[list(arrival_reason)] = True
 
     big = 1 << 62
+    kind, roofline = _cost_kind(cost), isinstance(cost, RooflineCost)
     ints = np.array([bs, min(num_blocks, big), min(kv.capacity_tokens, big), policy.max_num_seqs,
                      max_tokens,
                      int(policy.watermark * num_blocks) if num_blocks < (1 << 40) else 0,
                      -1 if kv.max_preemptions is None else kv.max_preemptions,
-                     int(cost.decode_uses_min_context), int(horizon_s is not None),
-                     int(deadline is not None), cost.model.num_layers, cost.tp], dtype=np.int64)
-    floats = np.array([math.inf if horizon_s is None else horizon_s, *cost.decode_scalars(),
-                       *cost.prefill_scalars()], dtype=np.float64)
-    table_rows = min(policy.max_num_seqs, n) + 1
+                     int(roofline and cost.decode_uses_min_context), int(horizon_s is not None),
+                     int(deadline is not None), cost.model.num_layers if roofline else 1,
+                     cost.tp if roofline else 1, kind], dtype=np.int64)
+    scalars = (*cost.decode_scalars(), *cost.prefill_scalars()) if roofline else (0.0,) * 16
+    analytic = ((cost.step_s, 0.0, 0.0) if kind == CONSTANT else
+                (cost.base_s, cost.per_token_s, cost.per_seq_s) if kind == LINEAR else (0.0,) * 3)
+    floats = np.array([math.inf if horizon_s is None else horizon_s, *scalars, *analytic],
+                      dtype=np.float64)
+    table_rows = min(policy.max_num_seqs, n) + 1 if roofline else 1
     decode_table = np.full((table_rows, 21), np.nan)
     # dense constants of prefill steps by (tokens, prompts): np.empty and np.zeros leave the
     # pages untouched until a shape first occurs, so the table costs what the run uses
-    dense_table = np.empty((min(max_tokens, kv.capacity_tokens, DENSE_MAX_TOKENS) + 1,
-                            DENSE_MAX_PROMPTS + 1, 21))
+    dense_table = np.empty((min(max_tokens, kv.capacity_tokens, DENSE_MAX_TOKENS) + 1
+                            if roofline else 1, DENSE_MAX_PROMPTS + 1, 21))
     dense_known = np.zeros(dense_table.shape[:2], dtype=np.bool_)
     res_f = np.full((6, n), np.nan)  # first scheduled, first token, finish, max ITL, scratch
     res_f[3] = 0.0

@@ -34,6 +34,7 @@ from scipy.optimize import brentq
 
 import policies
 import sim
+from sim.traces import TraceArrays
 
 SEEDS = (11, 12, 13, 14)
 WARMUP = 1000  # requests dropped at the start of every seed's run (the queue starts empty)
@@ -54,7 +55,9 @@ def assert_supported(target: float, c: float, n: int) -> float:
 
 
 def run_single_server(arrivals, outputs, prompt=16):
-    reqs = requests(arrivals, prompt, outputs)
+    n = len(arrivals)  # columnar requests (ids = rows): hundreds of thousands, no objects
+    reqs = TraceArrays(np.asarray(arrivals, dtype=float), np.full(n, prompt, dtype=np.int64),
+                       np.broadcast_to(np.asarray(outputs, dtype=np.int64), (n,)).copy())
     return sim.simulate(reqs, policy={"name": "continuous", "max_num_seqs": 1},
                         cost=sim.ConstantCost(step_s=D))
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import sim
 import sim.fastkernel as fastkernel
 from policies.registry import make_policy
-from tests.test_fastpath import ROOFLINE, assert_same_run, traces
+from tests.test_fastpath import ROOFLINE, assert_same_run, costs, traces
 
 #: A roofline whose fitted row cost falls with context: the decode tail reads the shortest row.
 MIN_CONTEXT_ROOFLINE = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm",
@@ -36,16 +36,18 @@ kv_configs = st.none() | st.fixed_dictionaries(
     optional={"max_preemptions": st.sampled_from([None, 0, 1, 3])})
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=traces(), spec=vllm_policies, kv=kv_configs,
-       cost=st.sampled_from([ROOFLINE, MIN_CONTEXT_ROOFLINE]),
+       cost=st.sampled_from([ROOFLINE, MIN_CONTEXT_ROOFLINE]) | costs.filter(
+           lambda c: c != "roofline"),
        max_model_len=st.sampled_from([None, None, 60]),
        horizon_s=st.sampled_from([None, None, 0.01, 0.06]),
        num_replicas=st.sampled_from([1, 1, 2, 3]))
 def test_compiled_equals_the_general_engine(reqs, spec, kv, cost, max_model_len, horizon_s,
                                             num_replicas):
-    reqs = [sim.Request(r.id, r.arrival_s * 0.02, r.num_prompt_tokens, r.num_output_tokens)
-            for r in reqs]  # arrivals on the roofline's time scale
+    if isinstance(cost, type(ROOFLINE)):  # arrivals on the roofline's time scale
+        reqs = [sim.Request(r.id, r.arrival_s * 0.02, r.num_prompt_tokens, r.num_output_tokens)
+                for r in reqs]
     kw = {"policy": spec, "cost": cost, "kv": kv, "max_model_len": max_model_len,
           "horizon_s": horizon_s, "num_replicas": num_replicas}
     compiled = sim.simulate(reqs, **kw, fast_path="compiled")
@@ -92,11 +94,26 @@ def test_a_wall_clock_budget_ends_a_compiled_run_as_partial():
     assert res.summary["partial"] and res.summary["num_unfinished"] > 0
 
 
-def test_only_vllm_mode_on_a_roofline_is_compiled():
+def test_only_vllm_mode_on_the_built_in_cost_models_is_compiled():
     vllm, orca = make_policy("continuous"), make_policy({"name": "continuous", "mode": "orca"})
-    assert fastkernel.compiled_blocker(vllm, ROOFLINE, 1000) == ""
-    assert fastkernel.compiled_blocker(orca, ROOFLINE, 1000) != ""
-    assert fastkernel.compiled_blocker(vllm, sim.ConstantCost(0.1), 1000) != ""
+    for cost in (ROOFLINE, sim.ConstantCost(0.1), sim.LinearCost(0.01, 1e-4, 1e-3)):
+        assert fastkernel.compiled_blocker(vllm, cost, 1000) == ""
+        assert fastkernel.compiled_blocker(orca, cost, 1000) != ""
+
+    class Custom(sim.ConstantCost):  # may cost steps its own way: stays interpreted
+        pass
+
+    assert fastkernel.compiled_blocker(vllm, Custom(0.1), 1000) != ""
+
+
+def test_the_kernel_and_its_driver_agree_on_codes():
+    # numba freezes a cached kernel's globals: the two modules' copies must match
+    from sim import _kernel_loop as loop
+
+    assert (loop.ROOFLINE, loop.CONSTANT, loop.LINEAR) == (
+        fastkernel.ROOFLINE, fastkernel.CONSTANT, fastkernel.LINEAR)
+    assert list(fastkernel._BOUNDS[[loop.BOUND_CONSTANT, loop.BOUND_LINEAR]]) == [
+        "constant", "linear"]
 
 
 def test_auto_compiles_only_large_runs(monkeypatch):
