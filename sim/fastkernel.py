@@ -8,15 +8,17 @@ step costs well under a microsecond. Results are bit-identical to ``sim.fastpath
 to the general engine (tests/test_fastkernel.py).
 
 Scope: vLLM mode (prefill-only steps and pure-decode steps) on ``RooflineCost`` without a
-sliding window. Decode steps are costed inside the kernel from ``RooflineCost``'s per-batch-size
-constants (``decode_constants``, fetched once per batch size), prefill steps of up to
+sliding window, ``ConstantCost`` or ``LinearCost`` (closed forms in the kernel). Roofline
+decode steps are costed inside the kernel from ``RooflineCost``'s per-batch-size constants
+(``decode_constants``, fetched once per batch size), prefill steps of up to
 ``DENSE_MAX_PROMPTS`` prompts from ``dense_constants`` (fetched once per token count and prompt
 count) and the prompts' attention operator; the rare rest (a one-token prompt, a bigger batch)
 calls ``RooflineCost.prefill_cost`` in Python through ``numba.objmode``.
 
 numba is imported only when this path runs (``simulate`` picks it for runs of at least
-``COMPILED_MIN_REQUESTS`` requests), and the compiled kernel is cached on disk, so small runs,
-the quickstart and most tests never pay for it.
+``COMPILED_MIN_REQUESTS`` requests). The first such run on a machine compiles the kernel (about
+20 s on a 2-core machine) into numba's on-disk cache beside the module; every later process
+loads it in about a second. Small runs, the quickstart and most tests never pay for either.
 """
 from __future__ import annotations
 
@@ -72,10 +74,10 @@ def compiled_blocker(policy: Any, cost: Any, n: int) -> str:
         return "the cost model is not a RooflineCost, ConstantCost or LinearCost"
     if min(policy.max_num_seqs, n) >= MAX_TABLE_ROWS:
         return "max_num_seqs too large for the kernel's tables"
-    try:
-        import numba  # noqa: F401
-    except ImportError:  # pragma: no cover - numba is a dependency; a broken install
-        return "numba is not importable"
+    try:  # numba, and a place for its on-disk cache (next to the module, or the user's)
+        import sim._kernel_loop  # noqa: F401
+    except (ImportError, RuntimeError, OSError) as err:  # pragma: no cover - broken install
+        return f"the compiled kernel is unavailable ({err})"
     return ""
 
 
