@@ -1,12 +1,14 @@
 """The numba kernel behind ``sim.fastkernel`` (importing this module imports numba).
 
-``continuous_kernel`` is ``sim.fastpath.run_continuous`` in vLLM mode, transcribed into arrays
-and scalars: the waiting queue is a window of an index array, the running set a doubly linked
+``run_segment`` is ``sim.fastpath.run_continuous`` in vLLM mode, transcribed into arrays and
+scalars and made resumable (its whole state lives in arrays ``sim.fastkernel`` owns): the
+waiting queue is a window of an index array, the running set a doubly linked
 list in admission order (the tail is the preemption victim), each heap an ``(m, 3)`` array of
 ``(key, index, epoch)`` rows ordered as Python orders tuples, the groups of newly admitted
 requests a flat array with group offsets. Read it side by side with ``sim.fastpath``: each
 block names the function it reproduces, and the floating-point expressions are the same
-operations in the same order (``RooflineCost.decode_step``'s ``decode_rows`` for decode steps).
+operations in the same order (``RooflineCost.decode_step``'s ``decode_rows`` for decode steps,
+``RooflineCost.prefill_cost`` for prefill steps).
 """
 from __future__ import annotations
 

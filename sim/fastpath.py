@@ -22,7 +22,8 @@ request's gaps are its first decode's gap plus the global decode-to-decode gaps 
 it ran, whose maximum comes from a monotonic stack (suffix maxima of an append-only series).
 
 The policy's own rules are reproduced here, not called: keep ``policies/continuous.py`` and
-this module in step (the equivalence tests fail otherwise).
+this module in step (the equivalence tests fail otherwise). ``sim.fastkernel`` runs the same
+algorithm compiled for large vLLM-mode runs; a change here needs the same change there.
 """
 from __future__ import annotations
 
