@@ -123,7 +123,7 @@ def _prefill_from_python(batch: np.ndarray) -> tuple[float, float, float, int]:
 
 @njit(cache=True)
 def _decode_row_from_python(table: np.ndarray, rows: int) -> None:
-    """Ask Python for the decode constants of batch size ``rows`` (into ``table[rows]``)."""
+    """Ask Python for the decode constants of batch size ``rows`` (into ``table[rows, 0]``)."""
     with objmode():
         _fill_decode_row(table, rows)
 
@@ -188,19 +188,23 @@ def _prefill_in_kernel(sizes, m, tokens, params_f, dense_table, dense_known,  # 
     tm = b / bw + tail
     if not dense_known[tokens, m]:
         _dense_row_from_python(dense_table, dense_known, tokens, m)
-    # ``assemble_one_attention``
-    s3, t0, t1, t2 = dense_table[tokens, m, 0], dense_table[tokens, m, 1], \
-        dense_table[tokens, m, 2], dense_table[tokens, m, 3]
-    t3, att_lat, t_norm = dense_table[tokens, m, 4], dense_table[tokens, m, 5], \
-        dense_table[tokens, m, 6]
-    e_norm, norms_l, comm_l = dense_table[tokens, m, 7], dense_table[tokens, m, 8], \
-        dense_table[tokens, m, 9]
-    emb_s, lm_s, overhead = dense_table[tokens, m, 10], dense_table[tokens, m, 11], \
-        dense_table[tokens, m, 12]
-    c2, m2, f2, b2 = dense_table[tokens, m, 13], dense_table[tokens, m, 14], \
-        dense_table[tokens, m, 15], dense_table[tokens, m, 16]
-    memory_if_compute, compute_if_memory = dense_table[tokens, m, 19], \
-        dense_table[tokens, m, 20]
+    secs, flops, nbytes, bound = _assemble(dense_table, tokens, m, tc, tm, f, b, L, tpf, tp)
+    return True, secs, flops, nbytes, bound
+
+
+@njit(cache=True)
+def _assemble(table, i, j, tc, tm, f, b, L, tpf, tp):  # noqa: ANN001, ANN202
+    """``assemble_one_attention``: a step's ``(seconds, flops, bytes, bound code)`` from its
+    ``dense_constants`` (``table[i, j]``, named as there; read in place: a row view would cost
+    reference counting every step) and its one attention operator ``(tc, tm, f, b)``, in
+    ``_assemble``'s order of operations."""
+    s3, t0, t1, t2 = table[i, j, 0], table[i, j, 1], table[i, j, 2], table[i, j, 3]
+    t3, att_lat, t_norm, e_norm = table[i, j, 4], table[i, j, 5], table[i, j, 6], table[i, j, 7]
+    norms_l, comm_l, emb_s, lm_s = (table[i, j, 8], table[i, j, 9], table[i, j, 10],
+                                    table[i, j, 11])
+    overhead, c2, m2, f2, b2 = (table[i, j, 12], table[i, j, 13], table[i, j, 14],
+                                table[i, j, 15], table[i, j, 16])
+    memory_if_compute, compute_if_memory = table[i, j, 19], table[i, j, 20]
     if tc > tm:
         t = tc
         compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
@@ -220,7 +224,7 @@ def _prefill_in_kernel(sizes, m, tokens, params_f, dense_table, dense_known,  # 
         bound, top = 2, comm_l
     if overhead >= top:
         bound = 3
-    return True, secs, ((t2 + f) * L + f2) * tpf, (((t3 + b) + e_norm) * L + b2) * tpf, bound
+    return secs, ((t2 + f) * L + f2) * tpf, (((t3 + b) + e_norm) * L + b2) * tpf, bound
 
 
 @njit(cache=True)
@@ -503,60 +507,27 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
                     flops, nbytes, bound = 0.0, 0.0, BOUND_LINEAR
                 else:
                     # -- ``decode_rows`` of ``RooflineCost.decode_step_function`` ------------
-                    if decode_table[rows, 0] != decode_table[rows, 0]:
+                    if decode_table[rows, 0, 0] != decode_table[rows, 0, 0]:
                         _decode_row_from_python(decode_table, rows)
-                    # ``decode_constants(rows)``, named as there (read one by one: a row view
-                    # would cost reference counting every step)
-                    s3, t0, t1, t2 = decode_table[rows, 0], decode_table[rows, 1], \
-                        decode_table[rows, 2], decode_table[rows, 3]
-                    t3, att_lat, t_norm = decode_table[rows, 4], decode_table[rows, 5], \
-                        decode_table[rows, 6]
-                    e_norm, norms_l, comm_l = decode_table[rows, 7], decode_table[rows, 8], \
-                        decode_table[rows, 9]
-                    emb_s, lm_s, overhead = decode_table[rows, 10], decode_table[rows, 11], \
-                        decode_table[rows, 12]
-                    c2, m2, f2, b2 = decode_table[rows, 13], decode_table[rows, 14], \
-                        decode_table[rows, 15], decode_table[rows, 16]
-                    rows_row_tok, rows_kq = decode_table[rows, 17], decode_table[rows, 18]
-                    memory_if_compute, compute_if_memory = decode_table[rows, 19], \
-                        decode_table[rows, 20]
+                    rows_row_tok, rows_kq = decode_table[rows, 0, 17], decode_table[rows, 0, 18]
                     kv_tokens = key_sum + rows * (G + 1)
                     f = fpp * kv_tokens
                     b = kvt * (kv_tokens + rows_row_tok) + rows_kq
                     if uses_min:
-                        hi = _unit(float(c_max), fpp, peak_att, kvt, row_tok, q_bytes, att_bw, hkv,
-                                   split)
-                        lo = _unit(float(c_min), fpp, peak_att, kvt, row_tok, q_bytes, att_bw, hkv,
-                                   split)
+                        hi = _unit(float(c_max), fpp, peak_att, kvt, row_tok, q_bytes, att_bw,
+                                   hkv, split)
+                        lo = _unit(float(c_min), fpp, peak_att, kvt, row_tok, q_bytes, att_bw,
+                                   hkv, split)
                         tail = par_half * (hi if hi >= lo else lo)
                     else:
-                        tail = par_half * _unit(float(c_max), fpp, peak_att, kvt, row_tok, q_bytes,
-                                                att_bw, hkv, split)
+                        tail = par_half * _unit(float(c_max), fpp, peak_att, kvt, row_tok,
+                                                q_bytes, att_bw, hkv, split)
                     tc = f / peak_att + g_lat
                     tm = b / att_bw + g_lat
                     tc += tail
                     tm += tail
-                    if tc > tm:
-                        t = tc
-                        compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
-                    else:
-                        t = tm
-                        compute_s = compute_if_memory
-                        memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
-                    secs = s3 + (t + att_lat) * L + norms_l
-                    if tp > 1:
-                        secs += comm_l
-                    secs = secs + emb_s + lm_s + overhead
-                    if memory_s >= compute_s:
-                        bound, top = 1, memory_s
-                    else:
-                        bound, top = 0, compute_s
-                    if comm_l > top:
-                        bound, top = 2, comm_l
-                    if overhead >= top:
-                        bound = 3
-                    flops = ((t2 + f) * L + f2) * tpf
-                    nbytes = (((t3 + b) + e_norm) * L + b2) * tpf
+                    secs, flops, nbytes, bound = _assemble(decode_table, rows, 0, tc, tm, f, b,
+                                                           L, tpf, tp)
                 end = now + secs
                 G += 1
                 # -- ``first_decode_gaps`` ------------------------------------------------

@@ -88,8 +88,8 @@ def _prefill_cost(sizes: np.ndarray) -> tuple[float, float, float, int]:
 
 
 def _fill_decode_row(table: np.ndarray, rows: int) -> None:
-    """objmode callback: the decode constants of batch size ``rows`` into ``table[rows]``."""
-    table[rows, :] = _active.cost.decode_constants(rows)
+    """objmode callback: the decode constants of batch size ``rows`` into ``table[rows, 0]``."""
+    table[rows, 0, :] = _active.cost.decode_constants(rows)
 
 
 def _fill_dense_row(table: np.ndarray, known: np.ndarray, tokens: int, rows: int) -> None:
@@ -145,7 +145,7 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
     floats = np.array([math.inf if horizon_s is None else horizon_s, *scalars, *analytic],
                       dtype=np.float64)
     table_rows = min(policy.max_num_seqs, n) + 1 if roofline else 1
-    decode_table = np.full((table_rows, 21), np.nan)
+    decode_table = np.full((table_rows, 1, 21), np.nan)  # shaped as the dense table
     # dense constants of prefill steps by (tokens, prompts): np.empty and np.zeros leave the
     # pages untouched until a shape first occurs, so the table costs what the run uses
     dense_table = np.empty((min(max_tokens, kv.capacity_tokens, DENSE_MAX_TOKENS) + 1

@@ -149,9 +149,8 @@ class AggregateSteps:
             fn = by_rows.get(rows)
             if fn is not None:
                 return fn
-            (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s,
-             overhead, c2, m2, f2, b2, rows_row_tok, rows_kq, memory_if_compute,
-             compute_if_memory) = constants(rows)
+            consts = constants(rows)
+            rows_row_tok, rows_kq = consts[17], consts[18]
 
             def decode_rows(kv_tokens: int, c_min: int, c_max: int
                             ) -> tuple[float, float, float, str]:
@@ -167,29 +166,7 @@ class AggregateSteps:
                 tm = b / att_bw + g
                 tc += tail
                 tm += tail
-                # the attention op joins the compute or the memory tally, as in ``step``; the
-                # other tally is then the same for every step with this many rows
-                if tc > tm:
-                    t = tc
-                    compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
-                else:
-                    t = tm
-                    compute_s = compute_if_memory
-                    memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
-                seconds = s3 + (t + att_lat) * L + norms_l
-                if tp > 1:
-                    seconds += comm_l
-                seconds = seconds + emb_s + lm_s + overhead
-                # ``max`` over (seconds, name) pairs as ``step`` takes it, ties going to the
-                # larger name ("overhead" > "memory" > "compute" > "comm"), without tuples
-                bound, top = ("memory", memory_s) if memory_s >= compute_s else (
-                    "compute", compute_s)
-                if comm_l > top:
-                    bound, top = "comm", comm_l
-                if overhead >= top:
-                    bound = "overhead"
-                return seconds, ((t2 + f) * L + f2) * tp, (((t3 + b) + e_norm) * L + b2) * tp, \
-                    bound
+                return assemble_one_attention(consts, tc, tm, f, b, L, tp)
 
             if len(by_rows) > 4096:  # bound the memo
                 by_rows.clear()
@@ -339,7 +316,10 @@ def assemble_one_attention(consts: tuple[float, ...], tc: float, tm: float, f: f
                            L: int, tp: int) -> tuple[float, float, float, str]:
     """``step``'s ``(seconds, flops, bytes, bound)`` from ``dense_constants`` and the step's one
     attention operator ``(compute s, memory s, flops, bytes)`` per layer, in ``_assemble``'s
-    order of operations (``decode_step``'s closure inlines the same lines)."""
+    order of operations. The operator joins the compute or the memory tally, as in ``step``;
+    the other tally is then the constants' own. ``bound`` is ``max`` over ``(seconds, name)``
+    pairs as ``step`` takes it, ties going to the larger name ("overhead" > "memory" >
+    "compute" > "comm"), without building the tuples."""
     (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s, overhead, c2,
      m2, f2, b2, _, _, memory_if_compute, compute_if_memory) = consts
     if tc > tm:
