@@ -658,7 +658,7 @@ def _leave(i, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held, last
     if G > a:
         last_tok[i] = last_decode_end
         if G >= a + 2:
-            j = np.searchsorted(gap_idx[:n_gap], a + 2)  # ``suffix_max``
+            j = _bisect_left(gap_idx, n_gap, a + 2)  # ``suffix_max``
             if j < n_gap and gap_val[j] > max_itl[i]:
                 max_itl[i] = gap_val[j]
     else:
@@ -685,8 +685,22 @@ def _prune_gaps(gap_idx, gap_val, n_gap, first):  # noqa: ANN202
     first decode gap: nobody asks for earlier ones again); returns the new size. The stack
     spans at most the oldest request's output length, so a buffer twice the longest output
     always has room after this."""
-    j = np.searchsorted(gap_idx[:n_gap], first)
+    j = _bisect_left(gap_idx, n_gap, first)
     keep = n_gap - j
-    gap_idx[:keep] = gap_idx[j:n_gap].copy()
-    gap_val[:keep] = gap_val[j:n_gap].copy()
+    for r in range(keep):  # forward: the target never overtakes the source
+        gap_idx[r], gap_val[r] = gap_idx[j + r], gap_val[j + r]
     return keep
+
+
+@njit(cache=True)
+def _bisect_left(a: np.ndarray, size: int, x: int) -> int:
+    """``bisect.bisect_left(a[:size], x)`` (hand-written: numba's ``np.searchsorted`` costs
+    seconds of compile time)."""
+    lo, hi = 0, size
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
