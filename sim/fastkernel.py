@@ -17,7 +17,7 @@ calls ``RooflineCost.prefill_cost`` in Python through ``numba.objmode``.
 
 numba is imported only when this path runs (``simulate`` picks it for runs of at least
 ``COMPILED_MIN_REQUESTS`` requests). The first such run on a machine compiles the kernel (about
-20 s on a 2-core machine) into numba's on-disk cache beside the module; every later process
+17 s on a 2-core machine) into numba's on-disk cache beside the module; every later process
 loads it in about a second. Small runs, the quickstart and most tests never pay for either.
 """
 from __future__ import annotations
