@@ -30,8 +30,14 @@ from typing import Any
 import numpy as np
 
 from sim.cost import ConstantCost, LinearCost
-from sim.engine import never_fits
-from sim.fastpath import FLOAT_COLUMNS, INT_COLUMNS, ZERO_COLUMNS, FastResult, _Costs
+from sim.fastpath import (
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    ZERO_COLUMNS,
+    FastResult,
+    _Costs,
+    arrival_rejections,
+)
 from sim.metrics import StepLog
 from sim.roofline import RooflineCost
 from sim.validate import EngineError
@@ -116,17 +122,7 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
     out = np.ascontiguousarray(out, dtype=np.int64)
     bs, num_blocks = kv.block_size, kv.num_blocks
     max_tokens = policy.max_num_batched_tokens
-    # who is rejected on arrival (``never_fits`` or the token budget), messages kept by index
-    risky = (prompt > max_tokens) | (-(-(prompt + 1) // bs) > num_blocks)
-    if max_model_len is not None:
-        risky |= prompt + out > max_model_len
-    arrival_reason: dict[int, str] = {}
-    for i in np.flatnonzero(risky).tolist():
-        why = never_fits(kv, max_model_len, int(prompt[i]), int(out[i]))
-        if not why and prompt[i] > max_tokens:
-            why = f"prompt of {prompt[i]} tokens exceeds max_num_batched_tokens={max_tokens}"
-        if why:
-            arrival_reason[i] = why
+    arrival_reason = arrival_rejections(prompt, out, kv, max_tokens, max_model_len)
     rejected_on_arrival = np.zeros(n, dtype=np.bool_)
     rejected_on_arrival[list(arrival_reason)] = True
 

@@ -80,9 +80,9 @@ def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, checks: boo
 
 
 class _Costs:
-    """Step costs as ``(seconds, flops, bytes, bound)``: prefill batches memoized by their
-    prompt lengths (a cost model is a pure function of the batch shape), decodes from
-    aggregates through ``cost.decode_step``."""
+    """Step costs as ``(seconds, flops, bytes, bound)``: prefill batches (``prefill_cost``, or
+    ``step``) memoized by their prompt lengths (a cost model is a pure function of the batch
+    shape), decodes from aggregates through ``cost.decode_step``."""
 
     def __init__(self, cost: Any) -> None:
         self.cost = cost
@@ -90,8 +90,7 @@ class _Costs:
         #: ``for_rows(rows)`` is ``decode_step`` with the batch size fixed
         self.for_rows = rows_fn if rows_fn is not None else partial(_fixed_rows, cost)
         self.uses_min = bool(getattr(cost, "decode_uses_min_context", False))
-        self.prompts = getattr(cost, "prefill_step", None)  # ``step`` of whole prompts
-        self.lean = getattr(cost, "prefill_cost", None)  # ... as a tuple, no breakdown
+        self.prompts = getattr(cost, "prefill_cost", None)  # ``step`` of whole prompts, a tuple
         self._mixed = getattr(cost, "mixed_step", None)  # ... with decodes (Orca)
         self._prefill: dict[tuple[int, ...], tuple[float, float, float, str]] = {}
 
@@ -105,19 +104,35 @@ class _Costs:
         """Cost of a step computing these whole prompts (context = tokens) and nothing else."""
         c = self._prefill.get(tokens)
         if c is None:
-            if self.lean is not None:
-                c = self.lean(tokens)
+            if self.prompts is not None:
+                c = self.prompts(tokens)
             else:
-                if self.prompts is not None:
-                    s = self.prompts(tokens)
-                else:
-                    arr = np.asarray(tokens, dtype=np.int64)
-                    s = self.cost.step(BatchShape(arr, arr, 0))
+                arr = np.asarray(tokens, dtype=np.int64)
+                s = self.cost.step(BatchShape(arr, arr, 0))
                 c = (s.seconds, s.flops, s.bytes, s.bound)
             if len(self._prefill) > 1 << 18:  # bound the memo on adversarial traces
                 self._prefill.clear()
             self._prefill[tokens] = c
         return c
+
+
+def arrival_rejections(prompt: Any, out: Any, kv: KVConfig, max_tokens: int,
+                       max_model_len: int | None) -> dict[int, str]:
+    """Why each request that can never run is rejected on arrival (``never_fits``, or a prompt
+    over the token budget), by index: a vectorized pass finds the few suspects."""
+    prompts, outputs = np.asarray(prompt, dtype=np.int64), np.asarray(out, dtype=np.int64)
+    risky = (prompts > max_tokens) | (-(-(prompts + 1) // kv.block_size) > kv.num_blocks)
+    if max_model_len is not None:
+        risky |= prompts + outputs > max_model_len
+    reasons = {}
+    for i in np.flatnonzero(risky).tolist():
+        p = int(prompts[i])
+        why = never_fits(kv, max_model_len, p, int(outputs[i]))
+        if not why and p > max_tokens:
+            why = f"prompt of {p} tokens exceeds max_num_batched_tokens={max_tokens}"
+        if why:
+            reasons[i] = why
+    return reasons
 
 
 def _fixed_rows(cost: Any, rows: int) -> Any:
@@ -507,13 +522,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         last_secs = float(durations[-1])
         return last_decode_end
 
-    # who might be rejected on arrival (``never_fits`` or the token budget), in one pass
-    prompts, outputs = np.asarray(prompt, dtype=np.int64), np.asarray(out, dtype=np.int64)
-    risky = (prompts > max_tokens) | (-(-(prompts + 1) // bs) > num_blocks)
-    if max_model_len is not None:
-        risky |= prompts + outputs > max_model_len
-    suspects = set(np.flatnonzero(risky).tolist())
-    del prompts, outputs, risky
+    rejected_on_arrival = arrival_rejections(prompt, out, kv, max_tokens, max_model_len)
 
     now, nxt = 0.0, 0
     while True:
@@ -522,12 +531,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         if deadline is not None and time.perf_counter() > deadline:
             break
         while nxt < n and arrival[nxt] <= now:
-            why = ""
-            if nxt in suspects:
-                why = never_fits(kv, max_model_len, prompt[nxt], out[nxt])
-                if not why and prompt[nxt] > max_tokens:
-                    why = (f"prompt of {prompt[nxt]} tokens exceeds max_num_batched_tokens="
-                           f"{max_tokens}")
+            why = rejected_on_arrival.get(nxt)
             if why:
                 reject(nxt, now, why)
             else:

@@ -151,10 +151,10 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     ``fast_path`` lets a run the exact fast path covers (``sim.fastpath``: FCFS continuous
     batching, vLLM or Orca mode, paged KV with recompute) use it; ``False`` forces the
     general engine. ``True`` runs replicas with at least ``COMPILED_MIN_REQUESTS`` requests in
-    vLLM mode on a roofline through the compiled kernel (``sim.fastkernel``) and the rest
-    interpreted; ``"compiled"`` and ``"interpreted"`` choose one of the two whatever the size
-    (``"compiled"`` falls back to interpreted where the kernel does not apply). All give the
-    same results, bit for bit.
+    vLLM mode (roofline, constant or linear cost) through the compiled kernel
+    (``sim.fastkernel``) and the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose
+    one of the two whatever the size (``"compiled"`` falls back to interpreted where the kernel
+    does not apply). All give the same results, bit for bit.
     """
     if fast_path not in _FAST_PATH_CHOICES:
         raise ValueError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
