@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import sim  # noqa: E402
-from sim.workload import build_workload_arrays  # noqa: E402
+from sim.workload.build import build_workload_arrays  # noqa: E402
 
 POLICIES = {
     "cont": {"name": "continuous", "max_num_seqs": 64, "max_num_batched_tokens": 8192},

@@ -43,7 +43,7 @@ def one(size: int, policy: str, rate: float, output_scale: float, seed: int) -> 
     import numpy as np
 
     import sim
-    from sim.workload import build_workload_arrays
+    from sim.workload.build import build_workload_arrays
 
     t0 = time.perf_counter()
     spec = {"arrival": {"process": "poisson", "rate": rate}, "num_requests": size,
@@ -76,9 +76,9 @@ def one(size: int, policy: str, rate: float, output_scale: float, seed: int) -> 
 
 def which_engine(policy, cost, size: int) -> str:  # noqa: ANN001
     """Which engine ``simulate`` picked: compiled or interpreted fast path, or general."""
-    from sim import fastkernel
-    from sim.fastpath import fast_path_blocker
-    from sim.simulate import resolve_kv
+    from sim.engine import fastkernel
+    from sim.engine.fastpath import fast_path_blocker
+    from sim.kv.config import resolve_kv
 
     kv = resolve_kv({"block_size": 16}, cost)
     if fast_path_blocker(policy, kv, cost, checks=False, event_skipping=True):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 from policies.ordering import order_queue
 from policies.packing import budget_for, fitting_prefix, grow_running
 from policies.registry import Policy
-from sim.types import PaddingRow, Plan, SeqView, View
+from sim.core.types import PaddingRow, Plan, SeqView, View
 
 
 def pick_batch(queue: Sequence[SeqView], now_s: float, size: int, wait_s: float | None,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from policies.ordering import ORDERINGS, order_queue
 from policies.packing import Budget, budget_for, max_fitting_tokens, watermark_blocks
 from policies.registry import Policy, check_positive, register
-from sim.types import KVView, Plan, SeqView, View
+from sim.core.types import KVView, Plan, SeqView, View
 
 
 @register("chunked_prefill")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from policies.ordering import ORDERINGS, order_queue
 from policies.packing import admit_whole_prompts, budget_for, grow_running, watermark_blocks
 from policies.registry import Policy, check_positive, register
-from sim.types import Plan, View
+from sim.core.types import Plan, View
 
 MODES = ("vllm", "orca")
 

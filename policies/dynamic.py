@@ -29,7 +29,7 @@ from itertools import pairwise
 from policies.batch_run import RunToCompletion, check_wait
 from policies.ordering import ORDERINGS
 from policies.registry import Policy, check_positive, register
-from sim.types import Plan, SeqView, View
+from sim.core.types import Plan, SeqView, View
 
 
 def _is_count(value: object) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sim.types import SeqView
+from sim.core.types import SeqView
 
 ORDERINGS: dict[str, Callable[[Sequence[SeqView]], list[SeqView]]] = {
     # First come, first served: the engine's order (preempted first, then by arrival).

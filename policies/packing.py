@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sim.types import KVView, SeqView
+from sim.core.types import KVView, SeqView
 
 
 @dataclass

@@ -14,11 +14,13 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sim.core.errors import InputError
+
 if TYPE_CHECKING:  # annotations only: importing sim here would be circular
-    from sim.types import Plan, View
+    from sim.core.types import Plan, View
 
 
-class PolicyError(ValueError):
+class PolicyError(InputError):
     """A policy name or parameter is unknown or invalid."""
 
 

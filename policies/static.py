@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from policies.batch_run import RunToCompletion, check_wait
 from policies.ordering import ORDERINGS
 from policies.registry import Policy, check_positive, register
-from sim.types import Plan, View
+from sim.core.types import Plan, View
 
 
 @register("static")

@@ -13,8 +13,8 @@ import numpy as np
 
 import sim
 from policies.registry import Policy
-from sim.kv import KVConfig
-from sim.types import Plan, View
+from sim.core.types import Plan, View
+from sim.kv.config import KVConfig
 
 #: Float slack for "time moves forward" comparisons (sums of step durations round).
 EPS = 1e-9

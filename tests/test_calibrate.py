@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim import calibrate as cal
-from sim.calibrate_cli import main as cli_main
-from sim.cli import main as batchsim
-from sim.hardware import load_gpu
-from sim.iteration_calibration import fit_iterations
-from sim.roofline import build_cost_model
-from sim.types import BatchShape
+from sim.cli.calibrate import main as cli_main
+from sim.cli.main import main as batchsim
+from sim.core.types import BatchShape
+from sim.cost import calibrate as cal
+from sim.cost.iteration_calibration import fit_iterations
+from sim.cost.profiles import load_gpu
+from sim.cost.roofline import build_cost_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MEAS = ROOT / "hardware_profiles" / "measurements"

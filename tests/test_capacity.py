@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.capacity import CapacityError, parse_slos, run_capacity, search
-from sim.cli import main
+from sim.cli.main import main
+from sim.experiments.capacity import CapacityError, parse_slos, run_capacity, search
 
 STEP, OUT_TOKENS, N, TTFT_MS = 0.01, 10, 200, 1000.0
 SERVICE = STEP * OUT_TOKENS
@@ -91,7 +91,7 @@ def test_cli_prints_trace_and_table_and_writes_files(exp, tmp_path, capsys):
     assert list(cap["label"]) == ["continuous"]
     assert cap.loc[0, "rate_key"] == "workload.arrival.rate"
     # cost = price × GPUs / (output tokens per hour) × 1e6; h100-sxm's list price is set
-    from sim.hardware import load_gpu
+    from sim.cost.profiles import load_gpu
 
     price = load_gpu("h100-sxm").price_per_gpu_hour_usd
     assert cap.loc[0, "cost_per_mtok_usd"] == pytest.approx(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.cli import main
+from sim.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,7 +38,7 @@ def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "sim.cli.main", *args], capture_output=True,
                           text=True, cwd=cwd, env=env, timeout=120)
 
 
@@ -169,7 +169,8 @@ def test_missing_config_file_exits_2():
 
 def test_builtin_names_resolve_from_any_directory(tmp_path):
     code = ("import sim; c = sim.build_cost_model(model='llama-3-8b', hardware='h100-sxm');"
-            "from sim.traces import load_trace_arrays; print(len(load_trace_arrays('azure-conv')))")
+            "from sim.workload.traces import load_trace_arrays;"
+            "print(len(load_trace_arrays('azure-conv')))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stderr

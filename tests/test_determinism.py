@@ -2,7 +2,7 @@
 
 Determinism: one experiment (a two-point sweep of a small synthetic workload) run
 
-- twice in one process, in a fresh ``python -m sim.cli run`` process, with ``--jobs 1`` and
+- twice in one process, in a fresh ``python -m sim.cli.main run`` process, with ``--jobs 1`` and
   ``--jobs 2`` (a process pool), and on a local Dask cluster (two worker processes; skipped
   when ``dask.distributed`` is missing)
 
@@ -35,10 +35,10 @@ import pytest
 import yaml
 
 import sim
-from sim.cli import main
-from sim.config import expand_runs
-from sim.results import parquet_available, read_json, read_table
-from sim.runner import build_requests
+from sim.cli.main import main
+from sim.experiments.config import expand_runs
+from sim.experiments.results import parquet_available, read_json, read_table
+from sim.experiments.runner import build_requests
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,7 +115,7 @@ def test_rerun_in_the_same_process_is_identical(reference, tmp_path):
 def test_a_fresh_process_gives_identical_results(reference, tmp_path):
     exp = write_experiment(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    p = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(exp), "--out",
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(exp), "--out",
                         str(tmp_path / "sub"), "--quiet"], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -171,7 +171,7 @@ def test_the_resolved_config_reproduces_the_run(reference, tmp_path):
     """A run folder's config.yaml alone is enough to reproduce its tables."""
     folder = sorted((reference / "runs").iterdir())[0]
     cfg = yaml.safe_load((folder / "config.yaml").read_text())
-    res = sim.runner.simulate_config(cfg, base_dir=tmp_path)
+    res = sim.experiments.runner.simulate_config(cfg, base_dir=tmp_path)
     pd.testing.assert_frame_equal(res.requests, read_table(folder / "requests"),
                                   check_exact=True)
 

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 import policies
 import sim
 from policies.registry import Policy
-from sim.engine import EngineError
-from sim.metrics import _stats
-from sim.types import Plan, View
+from sim.core.types import Plan, View
+from sim.engine.replica import EngineError
+from sim.metrics.summary import _stats
 
 D = 0.25  # a power of two: k * D and sums of steps are exact
 

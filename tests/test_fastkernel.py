@@ -1,4 +1,4 @@
-"""The compiled fast path (``sim.fastkernel``) is the interpreted one, only faster.
+"""The compiled fast path (``sim.engine.fastkernel``) is the interpreted one, only faster.
 
 Specification: every run the kernel covers (vLLM-mode continuous batching on a roofline cost
 model, FCFS, paged KV with recompute) gives the same request table, step table, irregular gaps
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim
-import sim.fastkernel as fastkernel
+import sim.engine.fastkernel as fastkernel
 from policies.registry import make_policy
 from tests.test_fastpath import ROOFLINE, assert_same_run, costs, traces
 
@@ -108,7 +108,7 @@ def test_only_vllm_mode_on_the_built_in_cost_models_is_compiled():
 
 def test_the_kernel_and_its_driver_agree_on_codes():
     # numba freezes a cached kernel's globals: the two modules' copies must match
-    from sim import _kernel_loop as loop
+    from sim.engine import kernel_loop as loop
 
     assert (loop.ROOFLINE, loop.CONSTANT, loop.LINEAR) == (
         fastkernel.ROOFLINE, fastkernel.CONSTANT, fastkernel.LINEAR)

@@ -1,4 +1,4 @@
-"""The exact fast path (``sim.fastpath``) is the general engine, only faster.
+"""The exact fast path (``sim.engine.fastpath``) is the general engine, only faster.
 
 Specification: for every run it covers — continuous batching (vLLM or Orca mode) with FCFS,
 paged KV with recompute preemption, any number of replicas — ``simulate`` gives the same
@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 import sim
 from policies.registry import make_policy
-from sim.fastpath import fast_path_blocker
-from sim.hardware import ProfileError
-from sim.kv import KVConfig
-from sim.traces import TraceArrays
-from sim.types import BatchShape
+from sim.core.arrays import TraceArrays
+from sim.core.types import BatchShape
+from sim.cost.profiles import ProfileError
+from sim.engine.fastpath import fast_path_blocker
+from sim.kv.config import KVConfig
 
 PROFILES = Path(__file__).resolve().parent.parent / "hardware_profiles"
 MODELS = sorted(p.stem for p in (PROFILES / "models").glob("*.yaml"))

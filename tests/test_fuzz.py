@@ -16,7 +16,7 @@ nested junk; raw YAML texts damaged byte by byte (bad encodings, tabs, anchors);
 cells, unsorted and duplicate rows, wrong columns, CRLF, BOMs, UTF-16/latin-1, trailing commas,
 quoted numbers and truncation.
 
-Each example calls ``sim.cli.main`` in-process (fast) under a guard: ``signal.setitimer``
+Each example calls ``sim.cli.main.main`` in-process (fast) under a guard: ``signal.setitimer``
 turns a run longer than ``LIMIT_S`` into a failure (a hang) and ``RLIMIT_AS`` caps the extra
 address space at ``HEADROOM_BYTES`` (a runaway allocation becomes a ``MemoryError``, exit 1).
 The run is derandomised (the same examples in CI every time); ``BATCHSIM_FUZZ_SCALE=N``
@@ -46,12 +46,12 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-import sim.experiment  # noqa: F401 - imported up front so that no example's timer pays for it
-import sim.report  # noqa: F401
-from sim.cli import main
-from sim.config import ConfigError, parse_override, set_dotted
-from sim.results import parquet_available, read_json, read_table
-from sim.schema import SCHEMA
+import sim.experiments.run  # noqa: F401 - imported up front so that no example's timer pays for it
+import sim.report.markdown  # noqa: F401
+from sim.cli.main import main
+from sim.experiments.config import ConfigError, parse_override, set_dotted
+from sim.experiments.results import parquet_available, read_json, read_table
+from sim.experiments.schema import SCHEMA
 
 #: Seconds one example may run before it counts as a hang.
 LIMIT_S = 5.0
@@ -730,12 +730,12 @@ def test_alias_bomb_in_policy_label_is_refused_quickly():
 
 
 def test_failed_runs_are_reported_even_when_quiet(monkeypatch):
-    import sim.runner
+    import sim.experiments.runner
 
     def boom(*args, **kwargs):
         raise RuntimeError("simulated internal error")
 
-    monkeypatch.setattr(sim.runner, "simulate_config", boom)
+    monkeypatch.setattr(sim.experiments.runner, "simulate_config", boom)
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "exp.yaml").write_text(TINY)
         res = invoke("run", str(Path(d) / "exp.yaml"), "--out", str(Path(d) / "out"),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.hardware import (
+from sim.cost.profiles import (
     ProfileError,
     list_engines,
     list_gpus,
@@ -129,7 +129,7 @@ def test_hf_config_json(tmp_path):
 
 
 def test_names_resolve_from_another_cwd(tmp_path):
-    code = ("from sim.hardware import load_gpu, load_model, list_gpus;"
+    code = ("from sim.cost.profiles import load_gpu, load_model, list_gpus;"
             "print(load_gpu('h100-sxm').hbm_gb, load_model('llama-3-70b').num_layers,"
             " len(list_gpus()))")
     env = {**os.environ, "PYTHONPATH": str(REPO)}

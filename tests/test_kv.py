@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 import policies
 import sim
-from sim.config import ConfigError, expand_runs
-from sim.kv import KVConfig
-from sim.types import KVView, SeqView
+from sim.core.types import KVView, SeqView
+from sim.experiments.config import ConfigError, expand_runs
+from sim.kv.config import KVConfig
 
 NAMES = sorted(policies.registered())
 

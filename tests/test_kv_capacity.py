@@ -18,7 +18,7 @@ import math
 import pytest
 
 import sim
-from sim.kv_capacity import describe_capacity, kv_capacity
+from sim.kv.capacity import describe_capacity, kv_capacity
 
 
 def test_llama_3_8b_on_one_h100():

@@ -26,7 +26,7 @@ from helpers import requests
 
 import policies
 import sim
-from sim.types import BatchShape, StepCost
+from sim.core.types import BatchShape, StepCost
 
 SUMMARY_NAMES = [
     "completed", "duration", "request_throughput", "output_throughput",

@@ -17,8 +17,8 @@ import sim
 from policies import PolicyError, make_policy, registered
 from policies.ordering import ORDERINGS
 from policies.registry import policy_params
-from sim.kv import UNLIMITED_BLOCKS
-from sim.types import KVView, Plan, SeqView, View
+from sim.core.types import KVView, Plan, SeqView, View
+from sim.kv.config import UNLIMITED_BLOCKS
 
 NAMES = sorted(registered())
 # Views are cheap, so many; each trace is a whole simulation (12 policy × KV combinations).

@@ -13,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.conversations import ConversationError, conversations
-from sim.kv import BlockPool, KVConfig
-from sim.prefix_cache import PrefixCache
-from sim.state import Seq
+from sim.core.state import Seq
+from sim.kv.cache import BlockPool
+from sim.kv.config import KVConfig
+from sim.kv.prefix_cache import PrefixCache
+from sim.workload.conversations import ConversationError, conversations
 
 KV = {"num_blocks": 12, "block_size": 4, "prefix_caching": True}
 

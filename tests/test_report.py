@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.config import expand_runs
-from sim.experiment import run_experiment
-from sim.plots import downsample
-from sim.report import markdown_table, regenerate, write_outputs
-from sim.results import read_table
-from sim.runner import run_id
-from sim.trace_export import export_chrome_trace
+from sim.experiments.config import expand_runs
+from sim.experiments.results import read_table
+from sim.experiments.run import run_experiment
+from sim.experiments.runner import run_id
+from sim.report.markdown import markdown_table, regenerate, write_outputs
+from sim.report.plots import downsample
+from sim.report.trace_export import export_chrome_trace
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.config import expand_runs, load_yaml
-from sim.runner import simulate_config
+from sim.experiments.config import expand_runs, load_yaml
+from sim.experiments.runner import simulate_config
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 

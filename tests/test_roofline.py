@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cost import CostModel
-from sim.hardware import ProfileError, list_gpus, list_models, load_gpu, load_model
-from sim.roofline import RooflineCost, build_cost_model
-from sim.types import BatchShape
+from sim.core.types import BatchShape
+from sim.cost.base import CostModel
+from sim.cost.profiles import ProfileError, list_gpus, list_models, load_gpu, load_model
+from sim.cost.roofline import RooflineCost, build_cost_model
 
 
 def _cost(model="llama-2-7b", gpu="h100-sxm", tp=1, **kw) -> RooflineCost:
@@ -167,7 +167,7 @@ def test_fp8_weights_halve_decode_traffic():
 def test_calibration_recovers_known_parameters(tmp_path):
     import pandas as pd
 
-    from sim import calibrate as cal
+    from sim.cost import calibrate as cal
 
     gpu = load_gpu("h100-sxm")
     real = pd.read_csv(cal.Path(cal.__file__).resolve().parent.parent / "hardware_profiles"

@@ -14,9 +14,9 @@ import pytest
 
 import sim
 from policies import make_policy
-from sim.metrics import STEP_COLUMNS, StepLog
-from sim.types import StepCost
-from sim.workload import build_workload_arrays
+from sim.core.types import StepCost
+from sim.metrics.summary import STEP_COLUMNS, StepLog
+from sim.workload.build import build_workload_arrays
 
 #: (steps hash, requests hash, preemptions, p99 ITL ms) of the config below, computed with the
 #: engine as it was before the speed work (commit before docs/performance.md).

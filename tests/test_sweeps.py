@@ -16,10 +16,10 @@ import pytest
 import yaml
 from scipy import stats
 
-import sim.runner
-from sim.config import ConfigError, expand_runs
-from sim.experiment import run_experiment
-from sim.progress import Progress, format_seconds
+import sim.experiments.runner
+from sim.experiments.config import ConfigError, expand_runs
+from sim.experiments.progress import Progress, format_seconds
+from sim.experiments.run import run_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -93,7 +93,7 @@ def start_run(exp: Path, out: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # A suite started in the background (``cmd &``) inherits an ignored SIGINT, and Python then
     # never installs its Ctrl-C handler: restore the default so the test does not depend on it.
-    return subprocess.Popen([sys.executable, "-m", "sim.cli", "run", str(exp), "--out",
+    return subprocess.Popen([sys.executable, "-m", "sim.cli.main", "run", str(exp), "--out",
                              str(out), *extra], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -164,7 +164,7 @@ def test_ctrl_c_exits_130_with_a_clean_folder(tmp_path, jobs):
 
 
 def test_a_failing_run_records_error_and_the_sweep_goes_on(tmp_path, monkeypatch):
-    real = sim.runner.simulate_config
+    real = sim.experiments.runner.simulate_config
 
     def flaky(config, base_dir, requests=None):
         if config["workload"]["arrival"]["rate"] == 20:
@@ -172,13 +172,13 @@ def test_a_failing_run_records_error_and_the_sweep_goes_on(tmp_path, monkeypatch
         return real(config, base_dir, requests)
 
     exp, out = write(tmp_path, sweep={"workload.arrival.rate": [10, 20, 40]}), tmp_path / "out"
-    monkeypatch.setattr(sim.runner, "simulate_config", flaky)
+    monkeypatch.setattr(sim.experiments.runner, "simulate_config", flaky)
     summary = run_experiment(exp, out=out, quiet=True)
     assert list(summary["workload.arrival.rate"]) == [10, 40]
     errors = list((out / "runs").glob("*/error.txt"))
     assert len(errors) == 1 and "boom at rate 20" in errors[0].read_text()
     assert not (errors[0].parent / "summary.json").exists()
-    monkeypatch.setattr(sim.runner, "simulate_config", real)
+    monkeypatch.setattr(sim.experiments.runner, "simulate_config", real)
     summary = run_experiment(exp, out=out, quiet=True)  # the resume redoes the failed run
     assert list(summary["workload.arrival.rate"]) == [10, 20, 40]
     assert not list((out / "runs").glob("*/error.txt"))

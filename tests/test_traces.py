@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim import traces
-from sim.traces import (
+from sim.core.types import Request
+from sim.workload import traces
+from sim.workload.traces import (
     TraceArrays,
     TraceError,
     load_trace,
@@ -19,7 +20,6 @@ from sim.traces import (
     resolve_trace,
     write_native,
 )
-from sim.types import Request
 
 
 def _write(tmp_path: Path, text: str | bytes, name: str = "t.csv") -> Path:

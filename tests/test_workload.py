@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import synthetic
-from sim.trace_stats import format_trace_stats, trace_stats
-from sim.workload import WorkloadError, build_workload
+from sim.workload import synthetic
+from sim.workload.build import WorkloadError, build_workload
+from sim.workload.trace_stats import format_trace_stats, trace_stats
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -91,7 +91,7 @@ def test_length_distributions():
 
 
 def test_joint_empirical_keeps_pairs():
-    from sim.traces import load_trace_arrays
+    from sim.workload.traces import load_trace_arrays
     tr = load_trace_arrays("azure-conv")
     pairs = set(zip(tr.num_prompt_tokens.tolist(), tr.num_output_tokens.tolist(), strict=True))
     reqs = build_workload({"arrival": {"rate": 5}, "num_requests": 500,

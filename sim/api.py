@@ -1,0 +1,26 @@
+"""The public entry point that spans layers: ``sim.run_experiment``, a whole experiment.
+
+It is defined here, above every layer, so that the experiment runner need not import the report
+layer that sits on top of it: this module hands the report writer in. ``batchsim run`` calls
+this same function, so Python and the command line share one set of defaults.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def run_experiment(path: str | Path, overrides: list[str] | None = None,
+                   out: str | Path | None = None, **kwargs: Any) -> pd.DataFrame:
+    """Run (or resume) the experiment YAML at ``path`` into ``out`` and write its report.
+
+    ``overrides`` are ``--set``-style ``dotted.key=value`` strings; further keyword arguments
+    (``jobs``, ``executor``, ``address``, ``plots``, ``quiet``) are those of ``batchsim run``.
+    Returns the summary table (one row per run).
+    """
+    from sim.experiments.run import run_experiment as _run
+    from sim.report.markdown import write_outputs
+
+    return _run(path, overrides=overrides, out=out, report=write_outputs, **kwargs)

@@ -1,0 +1,216 @@
+"""``batchsim calibrate``: fit GPU profiles (or an engine) to measurements, report, write back.
+
+``--data`` may be a folder of kernel tables (one GPU's, or ``<DIR>/<gpu>/`` per GPU) or an iteration
+CSV (:mod:`sim.cost.iteration_calibration`). ``--write`` rewrites only the ``calibration:`` block
+(and the fitted ``interconnect:`` α lines) of each GPU YAML, leaving ``sources:`` and the comments
+as they are. ``--report DIR`` writes ``report.md`` and one predicted-vs-measured scatter plot per
+GPU.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from sim.core.paths import checkout_root
+from sim.cost.calibrate import (
+    CLASSES,
+    CalibrationError,
+    CalibrationReport,
+    calibrate,
+    measured_gpus,
+    params_table,
+    report_table,
+)
+from sim.cost.profiles import Calibration, GpuProfile, ProfileError, load_gpu
+
+_ALPHA_KEYS = ("allreduce_alpha_us", "alpha_per_peer_us")
+_COLOURS = {"gemm": "tab:blue", "context_attention": "tab:orange",
+            "generation_attention": "tab:green", "allreduce": "tab:red"}
+HOLDOUT_NOTE = (
+    "Held-out split by shape family (every third distinct key, sorted): GEMMs by weight shape "
+    "(n, k) with all token counts m; attention by per-GPU head configuration (num_heads, "
+    "num_key_value_heads), the same families for prefill and decode, standing in for unseen "
+    "models and TP degrees; all-reduce by message size with all GPU counts. Parameters are fit "
+    "on the other rows only.")
+
+
+def main(args: Any) -> int:
+    """Run ``batchsim calibrate`` for parsed ``args`` (``gpu``, ``data``, ``write``, ``report``)."""
+    data = Path(args.data) if getattr(args, "data", None) else None
+    if data is not None and not data.exists():
+        raise CalibrationError(f"--data not found: {data}")
+    if data is not None and data.is_file():
+        return _iteration_main(data, args)
+    gpus = list(args.gpu or []) or measured_gpus()
+    if not gpus:
+        raise CalibrationError("no GPU given and no built-in measurements found")
+    reports, profiles = [], []
+    for name in gpus:
+        try:
+            profile = load_gpu(name)
+        except ProfileError as e:
+            raise CalibrationError(str(e)) from e
+        folder = None
+        if data is not None:
+            folder = data / profile.name if (data / profile.name).is_dir() else data
+        _, report = calibrate(profile, folder)
+        reports.append(report)
+        profiles.append(profile)
+    print(report_table(reports))
+    print()
+    print(params_table(reports))
+    if args.write:
+        for profile, report in zip(profiles, reports, strict=True):
+            path = write_profile(profile, report)
+            print(f"wrote calibration of {profile.name} to {path}")
+    if args.report:
+        out = write_report(reports, Path(args.report))
+        print(f"wrote {out}")
+    return 0
+
+
+def _iteration_main(path: Path, args: Any) -> int:
+    """The iteration-CSV branch of ``main``."""
+    from sim.cost.iteration_calibration import fit_iterations, is_iteration_csv
+
+    if not is_iteration_csv(path):
+        raise CalibrationError(f"{path}: not an iteration CSV (need columns model,hardware,tp,"
+                               "batch_size,new_tokens,context_tokens,measured_ms) and not a "
+                               "folder of kernel tables")
+    if args.write:
+        raise CalibrationError("--write applies to kernel tables; for an iteration CSV use "
+                               "--report DIR, which writes engine.yaml")
+    rep = fit_iterations(path)
+    print(rep.table())
+    if args.report:
+        out = Path(args.report)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "engine.yaml").write_text(rep.engine_yaml(), encoding="utf-8")
+        (out / "report.md").write_text(rep.table() + "\n\n![fit](iteration_fit.png)\n",
+                                       encoding="utf-8")
+        _scatter(out / "iteration_fit.png", f"iteration fit: {path.name}",
+                 {g: (rep.predicted_ms[rep.groups == g] / 1e3, rep.measured_ms[rep.groups == g]
+                      / 1e3, rep.heldout[rep.groups == g]) for g in dict.fromkeys(rep.groups)})
+        print(f"wrote {out / 'report.md'}")
+    return 0
+
+
+def profile_path(profile: GpuProfile) -> Path:
+    """The YAML file a profile was loaded from (built-in names resolve into the checkout)."""
+    path = Path(profile.origin)
+    if path.is_file():
+        return path
+    builtin = checkout_root() / "hardware_profiles" / profile.origin
+    if builtin.is_file():
+        return builtin
+    raise CalibrationError(f"cannot locate the YAML file of GPU profile {profile.name!r}")
+
+
+def calibration_block(report: CalibrationReport, date: str | None = None) -> dict[str, Any]:
+    """The ``calibration:`` mapping to store: fitted values (4 significant digits) and a ``fit``
+    record of data origin, date, method and error. Keys ``sim.cost.profiles.Calibration`` does not
+    declare yet go inside ``fit`` (where ``sim.cost.roofline`` also looks for them)."""
+    known = set(Calibration.__dataclass_fields__) - {"fit"}
+    top: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in report.params.items():
+        if key in _ALPHA_KEYS:
+            continue
+        (top if key in known else extra)[key] = float(f"{value:.4g}")
+    root = checkout_root()
+    try:
+        data = str(Path(report.data).resolve().relative_to(root)) + "/"
+    except ValueError:
+        data = report.data
+    fit = {"data": f"{data} (kernel timings; see hardware_profiles/measurements/PROVENANCE.md)",
+           "date": date or _dt.date.today().isoformat(),
+           "method": "sim.cost.calibrate.calibrate (batchsim calibrate): bounded soft-L1 least "
+                     "squares on log latency; whole shape families held out",
+           "holdout": HOLDOUT_NOTE,
+           "heldout_mdape_pct": {c: round(report.heldout_mdape_pct[c], 1) for c in CLASSES}
+           | {"overall": round(report.overall_heldout_mdape_pct, 1)},
+           "train_mdape_pct": {c: round(report.train_mdape_pct[c], 1) for c in CLASSES},
+           "heldout_rows": {c: report.n_heldout[c] for c in CLASSES}}
+    return top | {"fit": fit | extra}
+
+
+def write_profile(profile: GpuProfile, report: CalibrationReport, date: str | None = None
+                  ) -> Path:
+    """Rewrite the ``calibration:`` block and the fitted all-reduce α lines of the profile's
+    YAML in place; every other line (``sources:``, comments) is kept byte for byte."""
+    path = profile_path(profile)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    block = yaml.safe_dump({"calibration": calibration_block(report, date)}, sort_keys=False,
+                           allow_unicode=True, width=100)
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("calibration:")), None)
+    if start is None:
+        at = next((i for i, ln in enumerate(lines) if ln.startswith("sources:")), len(lines))
+        lines[at:at] = [block]
+    else:
+        end = start + 1
+        while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end].strip()):
+            end += 1
+        lines[start:end] = [block]
+    text = "".join(lines)
+    for key in _ALPHA_KEYS:
+        if key in report.params:
+            value = f"{report.params[key]:.4g}"
+            text, n = re.subn(rf"(?m)^(\s+{key}:)\s*[^#\n]*", rf"\g<1> {value}", text, count=1)
+            if not n:
+                text = re.sub(r"(?m)^(interconnect:\n)", rf"\g<1>  {key}: {value}\n", text,
+                              count=1)
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as e:  # never leave a broken profile behind
+        raise CalibrationError(f"{path}: rewritten YAML would not parse ({e})") from e
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _scatter(path: Path, title: str,
+             points: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    """Log-log predicted vs measured (ms), one colour per group, y = x and a ±10 % band;
+    held-out points filled, training points hollow."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 6.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    lo, hi = np.inf, 0.0
+    for i, (name, (pred, meas, held)) in enumerate(points.items()):
+        p, m = np.asarray(pred) * 1e3, np.asarray(meas) * 1e3
+        colour = _COLOURS.get(name, f"C{i}")
+        ax.scatter(m[~held], p[~held], s=6, facecolors="none", edgecolors=colour, alpha=0.3,
+                   linewidths=0.5)
+        ax.scatter(m[held], p[held], s=6, color=colour, alpha=0.6, label=f"{name} (held-out)")
+        both = np.concatenate([p, m])
+        lo, hi = min(lo, both.min()), max(hi, both.max())
+    x = np.geomspace(lo * 0.8, hi * 1.25, 50)
+    ax.plot(x, x, "k-", lw=0.8, label="y = x")
+    ax.fill_between(x, x * 0.9, x * 1.1, color="grey", alpha=0.25, label="±10 %")
+    ax.set(xscale="log", yscale="log", xlabel="measured (ms)", ylabel="predicted (ms)",
+           title=title)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_report(reports: list[CalibrationReport], out: Path) -> Path:
+    """Write ``report.md`` (error table, parameters, hold-out design) and one scatter per GPU."""
+    out.mkdir(parents=True, exist_ok=True)
+    parts = ["# Roofline calibration report", "", report_table(reports), "", HOLDOUT_NOTE, "",
+             "## Fitted parameters", "", params_table(reports), ""]
+    for r in reports:
+        png = f"{r.gpu}_pred_vs_meas.png"
+        _scatter(out / png, f"{r.gpu}: held-out MdAPE {r.overall_heldout_mdape_pct:.1f} %",
+                 r.points)
+        parts += [f"## {r.gpu}", "", f"Data: `{r.data}`", "", f"![{r.gpu}]({png})", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path

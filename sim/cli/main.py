@@ -1,0 +1,215 @@
+"""The ``batchsim`` command line: run, plot, calibrate, capacity, profiles, trace-stats, schema.
+
+Exit codes: 0 success; 2 bad input (config, trace, arguments) with one line on stderr naming
+the file and the dotted field; 1 an internal error (a bug), with its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sim.core.errors import InputError
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``batchsim run EXP.yaml``."""
+    from sim.api import run_experiment
+
+    summary = run_experiment(args.config, overrides=args.set, out=args.out, jobs=args.jobs,
+                             executor=args.executor, address=args.address,
+                             plots=False if args.no_plots else None, quiet=args.quiet)
+    cols = [c for c in ("label", "request_throughput", "p99_ttft_ms", "p99_tpot_ms",
+                        "busy_fraction", "slot_utilization") if c in summary.columns]
+    if len(summary) and not args.quiet:
+        print(summary[cols + [c for c in summary.columns if "." in c]].to_string(
+            index=False, float_format=lambda v: f"{v:.4g}"))
+    errors = summary.attrs.get("errors", [])
+    if errors and not len(summary):
+        # Every run failed after validation passed: a bug (exit 1), its traceback on file.
+        print(f"batchsim: every run failed; first: {errors[0]} (traceback in "
+              f"{summary.attrs.get('out')}/runs/*/error.txt)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """``batchsim plot DIR``: redraw plots and report.md from a finished output folder."""
+    from sim.experiments.config import ConfigError
+    from sim.report.markdown import regenerate
+
+    try:
+        regenerate(Path(args.dir))
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from None
+    print(f"wrote {Path(args.dir) / 'report.md'} and {Path(args.dir) / 'plots'}")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """``batchsim trace RUN_DIR``: export one run's iterations as a Chrome/Perfetto trace."""
+    from sim.experiments.config import ConfigError
+    from sim.experiments.results import read_table
+    from sim.report.trace_export import export_chrome_trace
+
+    folder = Path(args.run_dir)
+    if not (folder / "summary.json").exists():
+        raise ConfigError(f"{folder}: not a finished run folder (expected runs/<id>/ with "
+                          "summary.json)")
+    path = export_chrome_trace(read_table(folder / "steps"), Path(args.out or
+                               folder / "trace.json"), read_table(folder / "requests"))
+    print(f"wrote {path} (open it in ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    """``batchsim profiles``: built-in GPUs and models (and KV capacity for a pair)."""
+    from sim.cost import profiles as hardware
+
+    if args.model and args.hardware:
+        from sim.kv.capacity import describe_capacity
+
+        print(describe_capacity(args.model, args.hardware, args.tp, args.block_size,
+                                args.gpu_memory_utilization))
+        return 0
+    print("GPUs:   " + ", ".join(hardware.list_gpus()))
+    print("Models: " + ", ".join(hardware.list_models()))
+    print("Engines: " + ", ".join(hardware.list_engines()))
+    return 0
+
+
+def cmd_trace_stats(args: argparse.Namespace) -> int:
+    """``batchsim trace-stats TRACE``."""
+    from sim.workload.trace_stats import format_trace_stats, trace_stats
+    from sim.workload.traces import load_trace_arrays
+
+    print(format_trace_stats(trace_stats(load_trace_arrays(args.trace)), title=args.trace))
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """``batchsim schema``: the experiment config's JSON Schema."""
+    from sim.experiments.schema import json_schema
+
+    print(json.dumps(json_schema(), indent=1))
+    return 0
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    """``batchsim capacity EXP.yaml --slo ...``: highest rate meeting the SLOs per policy."""
+    from sim.experiments.capacity import run_capacity
+
+    run_capacity(args.config, slo=args.slo, attainment=args.attainment, overrides=args.set,
+                 out=args.out, tolerance=args.tolerance, jobs=args.jobs, quiet=args.quiet)
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """``batchsim calibrate``: fit GPU profile parameters to measured timings."""
+    from sim.cli.calibrate import main as calibrate_main
+
+    return calibrate_main(args)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the contract's error shape: one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """Report a bad argument in one line (``--help`` still shows the usage)."""
+        print(f"batchsim: error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    p = _Parser(prog="batchsim", description="Simulate LLM serving batching "
+                "policies on a calibrated roofline cost model.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=_Parser)
+
+    r = sub.add_parser("run", help="run (or resume) an experiment YAML")
+    r.add_argument("config", help="experiment YAML file")
+    r.add_argument("--out", help="output folder (default runs/<name>)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted config key (repeatable)")
+    r.add_argument("--jobs", type=int, default=1, help="parallel runs on this machine")
+    r.add_argument("--executor", choices=("local", "dask"), default="local")
+    r.add_argument("--address", help="Dask scheduler address (default: a local cluster)")
+    r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    r.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    r.set_defaults(func=cmd_run)
+
+    pl = sub.add_parser("plot", help="redraw plots and report.md of an output folder")
+    pl.add_argument("dir")
+    pl.set_defaults(func=cmd_plot)
+
+    tr = sub.add_parser("trace", help="export a run's iterations as a Chrome/Perfetto trace")
+    tr.add_argument("run_dir", help="a run folder: OUT/runs/<id>")
+    tr.add_argument("--out", help="output JSON (default RUN_DIR/trace.json)")
+    tr.set_defaults(func=cmd_trace)
+
+    c = sub.add_parser("calibrate", help="fit a GPU profile to measured timings")
+    c.add_argument("--gpu", action="append", help="GPU profile(s) to calibrate (default all "
+                   "with shipped measurements)")
+    c.add_argument("--data", help="folder of measured kernel timings, or an iteration CSV")
+    c.add_argument("--write", action="store_true", help="write fitted parameters into the "
+                   "profile YAML")
+    c.add_argument("--report", help="folder for the fit report and plots")
+    c.set_defaults(func=cmd_calibrate)
+
+    cap = sub.add_parser("capacity", help="highest request rate meeting SLOs, per policy")
+    cap.add_argument("config")
+    cap.add_argument("--slo", required=True, help="e.g. ttft_p99_ms=2000,tpot_p99_ms=100")
+    cap.add_argument("--attainment", type=float, default=None,
+                     help="per-request SLO attainment goal instead of percentiles (e.g. 0.9)")
+    cap.add_argument("--tolerance", type=float, default=0.05, help="relative rate tolerance")
+    cap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    cap.add_argument("--out", help="folder for capacity.csv and search.csv (default "
+                     "runs/<name>-capacity); probe results are cached there and reused")
+    cap.add_argument("--jobs", type=int, default=1, help="probes run in parallel per round")
+    cap.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    cap.set_defaults(func=cmd_capacity)
+
+    pr = sub.add_parser("profiles", help="list built-in GPUs and models; with --model and "
+                        "--hardware, show KV capacity")
+    pr.add_argument("--model")
+    pr.add_argument("--hardware")
+    pr.add_argument("--tp", type=int, default=1)
+    pr.add_argument("--block-size", type=int, default=16)
+    pr.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    pr.set_defaults(func=cmd_profiles)
+
+    t = sub.add_parser("trace-stats", help="statistics of a trace file or built-in trace")
+    t.add_argument("trace")
+    t.set_defaults(func=cmd_trace_stats)
+
+    s = sub.add_parser("schema", help="print the experiment config JSON Schema")
+    s.set_defaults(func=cmd_schema)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``batchsim`` console script."""
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        print("batchsim: interrupted; finished runs are kept, re-run to resume",
+              file=sys.stderr)
+        return 130
+    except InputError as e:
+        print(f"batchsim: error: {e}".splitlines()[0], file=sys.stderr)
+        return 2
+    except Exception:  # noqa: BLE001 - anything else is a bug: show it
+        traceback.print_exc()
+        print("batchsim: internal error (a bug); please report it with the traceback above",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Typed configuration keys and the one validator for them, shared by YAML and Python.
+
+A configuration block (``kv``, the experiment schema, ...) is a mapping of names to ``Key``:
+accepted types, default, unit, bounds and a one-line meaning. ``validate_fields`` checks a
+user's mapping against it and fills in the defaults; every problem is one ``InputError`` naming
+the dotted path. The YAML loader and the Python API call the same function, so they accept the
+same values, reject the same mistakes with the same words, and share one set of defaults.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from sim.core.errors import InputError
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: accepted types, default, unit and a one-line meaning."""
+
+    types: tuple[type, ...]
+    default: Any
+    doc: str
+    unit: str = ""
+    minimum: float | None = None
+    exclusive_min: bool = False
+    maximum: float | None = None
+    choices: tuple[Any, ...] | None = None
+    required: bool = False
+
+
+NUM = (int, float)
+STR = (str,)
+INT = (int,)
+MAP = (dict,)
+OPT = type(None)
+
+
+def _type_ok(value: Any, key: Key) -> bool:
+    """``value`` has one of ``key``'s types (numpy scalars count as int/float, bools only as
+    bool: YAML's ``true`` is no number)."""
+    if isinstance(value, bool):
+        return bool in key.types
+    if int in key.types and isinstance(value, numbers.Integral):
+        return True
+    if float in key.types and isinstance(value, numbers.Real):
+        return True
+    return isinstance(value, key.types)
+
+
+def check_value(value: Any, key: Key, path: str) -> Any:
+    """Validate one leaf value; return it normalised (numpy scalars as Python numbers)."""
+    if not _type_ok(value, key):
+        want = " or ".join(sorted({t.__name__.replace("NoneType", "null") for t in key.types}))
+        raise InputError(f"expected {want}, got {type(value).__name__} {value!r}", field=path)
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        value = int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+        value = float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"must be finite, got {value!r}", field=path)
+    if key.choices and value not in key.choices:
+        raise InputError(f"{value!r} is not one of {', '.join(map(str, key.choices))}",
+                         field=path)
+    if key.minimum is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        bad = value <= key.minimum if key.exclusive_min else value < key.minimum
+        if bad:
+            rel = ">" if key.exclusive_min else ">="
+            raise InputError(f"must be {rel} {key.minimum}, got {value!r}", field=path)
+    if key.maximum is not None and isinstance(value, (int, float)) and value > key.maximum:
+        raise InputError(f"must be <= {key.maximum:g}, got {value!r}", field=path)
+    return value
+
+
+def unknown_key(key: str, known: Any, path: str) -> InputError:
+    """The error for an unknown key at ``path``: the closest known name and every accepted one."""
+    hint = difflib.get_close_matches(key, list(known), n=1)
+    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return InputError(f"unknown key{extra}; accepted: {', '.join(known)}", field=path)
+
+
+def validate_fields(data: Any, fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Check mapping ``data`` against ``fields`` (nested mappings of ``Key``) and return a copy
+    with every default filled in. ``prefix`` is the dotted path of ``data`` (``"kv."``)."""
+    if not isinstance(data, dict):
+        where = prefix.rstrip(".") or None
+        raise InputError(f"expected a mapping, got {type(data).__name__}", field=where)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if not isinstance(key, str) or key not in fields:
+            raise unknown_key(str(key), fields, path)
+        node = fields[key]
+        if isinstance(node, dict):
+            if not isinstance(value, dict):
+                raise InputError(f"expected a mapping, got {type(value).__name__}", field=path)
+            out[key] = validate_fields(value, node, path + ".")
+        else:
+            out[key] = check_value(value, node, path)
+    for key, node in fields.items():
+        if key in out:
+            continue
+        if isinstance(node, dict):
+            out[key] = validate_fields({}, node, f"{prefix}{key}.")
+        elif node.required:
+            raise InputError("required key missing", field=f"{prefix}{key}")
+        else:
+            out[key] = copy.deepcopy(node.default)
+    return out

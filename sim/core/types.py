@@ -1,0 +1,179 @@
+"""Frozen values that cross module boundaries: requests, policy views and plans, batch shapes.
+
+The engine alone owns mutable request state (see ``sim.engine.replica``); everything a policy or a
+cost model sees is one of these immutable values, so a plugin can never corrupt the simulation.
+Vocabulary follows vLLM: ``num_computed_tokens`` catches up with ``num_prompt_tokens +
+num_generated``; when it does at the end of a step, one new token is sampled.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One trace row. ``num_output_tokens`` is the true output length: engine-only knowledge."""
+
+    id: int
+    arrival_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    priority: int = 0
+    tenant: str | None = None
+    prefix_id: str | None = None
+    #: Leading prompt tokens shared with every other request of the same ``prefix_id`` (a
+    #: system prompt, a conversation's history): what prefix caching may reuse.
+    num_prefix_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SeqView:
+    """What a policy may know about one request: everything but its true output length."""
+
+    id: int
+    arrival_s: float
+    num_prompt_tokens: int
+    num_generated: int
+    num_computed_tokens: int
+    num_preemptions: int = 0
+    num_blocks: int = 0
+    priority: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: the length ``num_computed_tokens`` must catch up with."""
+        return self.num_prompt_tokens + self.num_generated
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens still to compute before the next token can be sampled (1 for a decode)."""
+        return self.num_prompt_tokens + self.num_generated - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while prompt (or recomputed) tokens remain; a pure decode has exactly one left."""
+        return (self.num_prompt_tokens + self.num_generated - self.num_computed_tokens > 1
+                or self.num_generated == 0)
+
+
+@dataclass(frozen=True, slots=True)
+class KVView:
+    """The KV cache as a policy sees it: block counts and how many blocks a step would need.
+
+    ``reserve_tokens`` is set for slab allocation: a sequence's first allocation reserves blocks
+    for that many tokens at once (Orca/FasterTransformer); ``None`` means paged, on demand.
+    ``reserve_output_tokens`` is the other slab rule: reserve the prompt plus that many output
+    tokens per sequence. ``cached_blocks`` (informational) are prefix-cache blocks no sequence
+    holds; they are reclaimed on demand and already counted in ``free_blocks``.
+    """
+
+    total_blocks: int
+    free_blocks: int
+    block_size: int
+    reserve_tokens: int | None = None
+    reserve_output_tokens: int | None = None
+    cached_blocks: int = 0
+
+    def blocks_needed(self, seq: SeqView, num_new_tokens: int) -> int:
+        """Extra blocks ``seq`` must be given to hold ``num_new_tokens`` more computed tokens."""
+        target = seq.num_computed_tokens + num_new_tokens
+        if self.reserve_output_tokens is not None:
+            target = max(target, seq.num_prompt_tokens + self.reserve_output_tokens)
+        elif self.reserve_tokens is not None:
+            target = max(target, self.reserve_tokens)
+        need = -(-target // self.block_size) - seq.num_blocks  # exact integer ceil
+        return need if need > 0 else 0
+
+    @property
+    def used_fraction(self) -> float:
+        """Share of blocks in use (0 for an unlimited cache)."""
+        return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """Everything a policy sees at one scheduling point."""
+
+    now_s: float
+    waiting: tuple[SeqView, ...]
+    running: tuple[SeqView, ...]
+    kv: KVView
+    more_arrivals: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PaddingRow:
+    """A batch row the GPU computes but whose output is discarded (static batching's waste)."""
+
+    num_tokens: int
+    context_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A policy's decision for one step.
+
+    ``run`` maps request id to the tokens to compute this step (a prefill chunk, or 1 to decode).
+    ``preempt`` lists running requests evicted before the step: their KV is dropped and later
+    recomputed, or swapped to host memory and back (``kv.preemption``).
+    ``padding`` are rows the batch pays for without producing tokens.
+    ``wake_at_s`` asks to be called again at that time if nothing else happens first (an empty
+    ``run`` with ``wake_at_s=None`` means: wait for the next arrival).
+    ``reject`` maps waiting request ids the policy can never serve to a reason (e.g. a prompt
+    longer than its token budget); the engine records them as rejected instead of hanging.
+    ``steady`` is the policy's promise that lets the engine skip events exactly: as long as no
+    request arrives, no scheduled request finishes and KV growth needs no more blocks than are
+    free, every following plan would be this one again — each listed request decoding one more
+    token and each padding row attending one more token. Only pure decode plans may say so.
+    """
+
+    run: Mapping[int, int] = field(default_factory=dict)
+    preempt: tuple[int, ...] = ()
+    reject: Mapping[int, str] = field(default_factory=dict)
+    steady: bool = False
+    padding: tuple[PaddingRow, ...] = ()
+    wake_at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """All the cost model sees of a step: per-row new tokens and attended context lengths.
+
+    ``context_lens[i]`` is the KV length row ``i`` attends in this step, its new tokens included.
+    Padding rows are included in the arrays; ``num_padding_tokens`` says how many tokens are waste.
+    """
+
+    new_tokens: np.ndarray
+    context_lens: np.ndarray
+    num_padding_tokens: int = 0
+
+    @staticmethod
+    def of(new_tokens: list[int] | np.ndarray, context_lens: list[int] | np.ndarray,
+           num_padding_tokens: int = 0) -> BatchShape:
+        """Build a shape from sequences, validating that both lists align and are positive."""
+        nt = np.asarray(new_tokens, dtype=np.int64)
+        cl = np.asarray(context_lens, dtype=np.int64)
+        if nt.shape != cl.shape or nt.ndim != 1:
+            raise ValueError("new_tokens and context_lens must be 1-D lists of equal length")
+        if nt.size and (nt.min() < 1 or (cl < nt).any()):
+            raise ValueError("each row needs new_tokens >= 1 and context_len >= new_tokens")
+        return BatchShape(nt, cl, int(num_padding_tokens))
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens computed in the step, padding included."""
+        return int(self.new_tokens.sum())
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """The cost of one forward pass: seconds, work done and which resource bound it."""
+
+    seconds: float
+    flops: float = 0.0
+    bytes: float = 0.0
+    bound: str = "constant"
+    breakdown: Mapping[str, float] = field(default_factory=dict)

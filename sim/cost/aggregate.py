@@ -1,0 +1,341 @@
+"""Aggregate forms of the roofline's ``step``: costs of the two batch shapes an engine meets
+most, computed from sums instead of per-row arrays, bit-identical to ``step``.
+
+- ``decode_step(rows, kv_tokens, c_min, c_max)``: a pure-decode batch from its row count, total
+  context and shortest/longest context (``decode_step_for_rows`` binds the row count;
+  ``decode_series`` costs ``k`` successive steps in numpy, every context one token longer
+  each step).
+- ``prefill_step(prompts)``: a batch of whole prompts (context = new tokens), attention in plain
+  Python scalars.
+
+Each performs ``step``'s floating-point operations in ``step``'s order on the same operands,
+so the results are equal to the last bit (tests/test_fastpath.py checks every GPU and model
+profile). ``sim.engine.fastpath`` is their user: it never builds a ``BatchShape`` per step.
+A mixin of ``sim.cost.roofline.RooflineCost``: it reads the model's derived constants.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from sim.core.types import StepCost
+
+#: Query rows per prefill attention tile (FlashAttention's block size for head_dim 128).
+PREFILL_TILE_TOKENS = 128.0
+_BOUND_NAMES = np.array(["compute", "memory", "comm", "overhead"], dtype=object)
+
+
+class AggregateSteps:
+    """``RooflineCost``'s costs of pure-decode and whole-prompt batches from aggregates."""
+
+    def prefill_step(self, prompts: tuple[int, ...]) -> StepCost:
+        """``step`` of a batch of whole prompts (each row's context is its new tokens), with
+        the attention terms computed in plain Python: bit-identical to ``step`` and several
+        times faster on the few rows a prefill step usually has."""
+        return self.mixed_step(0, 0, 0, 0, prompts)
+
+    def mixed_step(self, dec_rows: int, dec_kv: int, dec_c_min: int, dec_c_max: int,
+                   prompts: tuple[int, ...]) -> StepCost:
+        """``step`` of ``dec_rows`` one-token decodes (attending ``dec_kv`` keys in all, the
+        shortest row ``dec_c_min``, the longest ``dec_c_max``) batched with whole prompts
+        (Orca's mixed steps), bit-identical to ``step``."""
+        if self.model.sliding_window is not None:
+            raise ValueError("mixed_step: a sliding-window model needs per-row contexts")
+        T = dec_rows
+        for n in prompts:
+            T += n
+        return self._assemble(float(T), dec_rows + len(prompts), self._prompt_attention(
+            prompts, T, (dec_rows, dec_kv, dec_c_min, dec_c_max)))
+
+    def _prompt_attention(self, prompts: tuple[int, ...], tokens: int,
+                          decodes: tuple[int, int, int, int] = (0, 0, 0, 0)
+                          ) -> tuple[list[float], ...]:
+        """``_attention`` for whole prompts (context == new tokens, no window) and ``decodes``
+        (rows, keys, shortest and longest context of one-token decode rows), in Python scalars
+        with numpy's operations in numpy's order: the same floats, bit for bit."""
+        p, fpp, kvt, bw = self.params, self._attn_flops_pair, self._kv_bytes_tok_layer, \
+            self._att_bw
+        dec_rows, dec_kv, dec_lo, dec_hi = decodes
+        n_dec, pairs_all = dec_rows, dec_kv  # a decode row's causal pairs are its context
+        for n in prompts:
+            pairs_all += n * n - (n * n - n) // 2
+            if n == 1:
+                n_dec += 1
+        kv_all = dec_kv + tokens - dec_rows  # each prompt row attends its own prompt
+        new_pf = tokens - n_dec
+        kv_dec = dec_kv + n_dec - dec_rows  # a one-token prompt (a "decode" row) attends one
+        # the tail looks at every row: decode rows alone, or all rows once a prefill is in
+        c_lo = min(prompts) if prompts else dec_lo
+        c_hi = max(prompts) if prompts else dec_hi
+        if dec_rows and prompts:
+            c_lo, c_hi = min(c_lo, dec_lo), max(c_hi, dec_hi)
+        c_min = float(c_lo) if p.attention_row_tokens + 1.0 > self._split else 0.0
+        tail = self._decode_tail_s(c_min, float(c_hi))
+        out = []
+        if n_dec:
+            f = fpp * kv_dec
+            b = kvt * (kv_dec + n_dec * p.attention_row_tokens) + n_dec * (kvt + self._q_bytes_tok)
+            g = self._gqa_lat
+            out.append([f / (self._peak * p.attention_compute_eff) + g, b / bw + g, f, b])
+        if new_pf:
+            f = fpp * (pairs_all - kv_dec)
+            rows_pf = dec_rows + len(prompts) - n_dec
+            b = (kvt * (kv_all - kv_dec + new_pf + rows_pf * p.attention_row_tokens)
+                 + self._q_bytes_tok * new_pf)
+            chunk = new_pf / rows_pf
+            eff = p.attention_compute_eff * chunk / (chunk + p.attention_m_half)
+            pad = fpp * p.attention_pad_tokens
+            peak_eff = self._peak * eff
+            worst = None
+            for n in prompts:
+                if n == 1:
+                    continue
+                pairs = n * n - (n * n - n) // 2
+                tc = (fpp * pairs + pad * n) / peak_eff
+                tm = (kvt * (n + n + p.attention_row_tokens) + self._q_bytes_tok * n) / bw
+                u = (tc if tc >= tm else tm) / (self._hq * (1.0 + n / PREFILL_TILE_TOKENS))
+                if worst is None or u > worst:
+                    worst = u
+            tail = max(tail, p.attention_prefill_par_half * worst)
+            out.append([(f + pad * new_pf) / peak_eff, b / bw, f, b])
+        out[-1][0] += tail
+        out[-1][1] += tail
+        return tuple(out)
+
+    @property
+    def decode_uses_min_context(self) -> bool:
+        """Whether a pure-decode step's cost looks at the shortest context, not only the longest
+        (``decode_step``'s ``c_min``): only when the fitted row cost falls with context."""
+        return self.params.attention_row_tokens + 1.0 > self._split
+
+    def decode_step(self, rows: int, kv_tokens: int, c_min: int, c_max: int
+                    ) -> tuple[float, float, float, str]:
+        """``(seconds, flops, bytes, bound)`` of a pure-decode step from aggregates alone:
+        ``rows`` sequences attending ``kv_tokens`` keys in all, the shortest ``c_min`` and the
+        longest ``c_max``. Bit-identical to ``step`` on such a batch (same operations in the same
+        order; the parts that depend on ``rows`` only are cached), so an engine can cost decode
+        steps without building per-row arrays. Models with a sliding window need the rows."""
+        return self.decode_step_function()(rows, kv_tokens, c_min, c_max)
+
+    def decode_step_function(self):  # noqa: ANN201 - returns the closure described below
+        """``decode_step`` as a closure over this model's constants: the fast path calls it
+        once per decode step, so every lookup it can avoid is bound here once."""
+        fn = self._decode_fn
+        if fn:
+            return fn[0]
+        if self.model.sliding_window is not None:
+            raise ValueError("decode_step: a sliding-window model needs per-row contexts")
+        L, tp = self.model.num_layers, self.tp
+        consts, make = self._decode_consts, self.decode_constants
+        fpp, kvt, g, row_tok, q_bytes, peak_att, att_bw, hkv, split, par_half = \
+            self.decode_scalars()
+        uses_min = self.decode_uses_min_context
+
+        def unit(c: float) -> float:
+            tc = fpp * c / peak_att
+            tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
+            return (tc if tc > tm else tm) / (hkv * (1.0 + c / split))
+
+        tails: dict[int, float] = {}  # longest context -> decode tail (when it alone counts)
+        by_rows: dict[int, object] = {}
+
+        def constants(rows: int) -> tuple[float, ...]:
+            k = consts.get(rows)
+            if k is None:
+                k = consts[rows] = make(rows)
+            return k
+
+        def for_rows(rows: int):  # noqa: ANN202 - the closure below
+            """``decode_step`` for one batch size, its constants bound once."""
+            fn = by_rows.get(rows)
+            if fn is not None:
+                return fn
+            consts = constants(rows)
+            rows_row_tok, rows_kq = consts[17], consts[18]
+
+            def decode_rows(kv_tokens: int, c_min: int, c_max: int
+                            ) -> tuple[float, float, float, str]:
+                f = fpp * kv_tokens
+                b = kvt * (kv_tokens + rows_row_tok) + rows_kq
+                if uses_min:
+                    tail = par_half * max(unit(float(c_max)), unit(float(c_min)))
+                else:
+                    tail = tails.get(c_max)
+                    if tail is None:
+                        tail = tails[c_max] = par_half * unit(float(c_max))
+                tc = f / peak_att + g
+                tm = b / att_bw + g
+                tc += tail
+                tm += tail
+                return assemble_one_attention(consts, tc, tm, f, b, L, tp)
+
+            if len(by_rows) > 4096:  # bound the memo
+                by_rows.clear()
+            by_rows[rows] = decode_rows
+            return decode_rows
+
+        def decode_step(rows: int, kv_tokens: int, c_min: int, c_max: int
+                        ) -> tuple[float, float, float, str]:
+            return for_rows(rows)(kv_tokens, c_min, c_max)
+
+        def decode_series(rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+            """``decode_step`` of ``k`` successive steps (every context one longer per step)
+            as arrays: the same operations elementwise, so the same floats."""
+            (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s,
+             overhead, c2, m2, f2, b2, rows_row_tok, rows_kq, memory_if_compute,
+             compute_if_memory) = constants(rows)
+            j = np.arange(k, dtype=np.int64)
+            kv = kv_tokens + rows * j
+            f = fpp * kv
+            b = kvt * (kv + rows_row_tok) + rows_kq
+            c = (c_max + j).astype(np.float64)
+            tc = fpp * c / peak_att
+            tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
+            slow = np.where(tc > tm, tc, tm) / (hkv * (1.0 + c / split))
+            if uses_min:
+                c = (c_min + j).astype(np.float64)
+                tc = fpp * c / peak_att
+                tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
+                slow = np.maximum(slow, np.where(tc > tm, tc, tm) / (hkv * (1.0 + c / split)))
+            tail = par_half * slow
+            tc = f / peak_att + g
+            tm = b / att_bw + g
+            tc += tail
+            tm += tail
+            compute = tc > tm
+            t = np.where(compute, tc, tm)
+            compute_s = np.where(compute, (t0 + t) * L + c2, compute_if_memory)
+            memory_s = np.where(compute, memory_if_compute, ((t1 + t) + att_lat + t_norm) * L + m2)
+            seconds = s3 + (t + att_lat) * L + norms_l
+            if tp > 1:
+                seconds += comm_l
+            seconds = seconds + emb_s + lm_s + overhead
+            # the bound as ``decode_step`` picks it: 0 compute, 1 memory, 2 comm, 3 overhead
+            code = (memory_s >= compute_s).astype(np.int64)
+            top = np.where(code == 1, memory_s, compute_s)
+            code[comm_l > top] = 2
+            top = np.maximum(top, comm_l) if comm_l > 0 else top
+            code[overhead >= top] = 3
+            bounds = _BOUND_NAMES[code].tolist()
+            return seconds, ((t2 + f) * L + f2) * tp, (((t3 + b) + e_norm) * L + b2) * tp, bounds
+
+        fn.extend((decode_step, decode_series, for_rows))
+        return decode_step
+
+    def decode_scalars(self) -> tuple[float, ...]:
+        """The model constants a pure-decode step's attention cost reads, in the order
+        ``(flops per key, KV bytes per token and layer, GQA latency, row tokens, query bytes,
+        attention peak FLOP/s, attention bandwidth, KV heads, split tokens, decode par_half)``
+        (what ``decode_step``'s closure binds; ``sim.engine.fastkernel`` passes them to its kernel).
+        ``_decode_unit_s`` and ``_decode_tail_s`` are these, inlined with the same operations."""
+        p = self.params
+        return (self._attn_flops_pair, self._kv_bytes_tok_layer, self._gqa_lat,
+                p.attention_row_tokens, self._q_bytes_tok, self._peak * p.attention_compute_eff,
+                self._att_bw, self._hkv, self._split, p.attention_decode_par_half)
+
+    def prefill_scalars(self) -> tuple[float, ...]:
+        """The constants ``_prompt_attention`` reads besides ``decode_scalars``, in the order
+        ``(peak FLOP/s, attention compute efficiency, m_half, pad tokens, query heads,
+        prefill par_half)`` (``sim.engine.fastkernel`` passes them to its kernel)."""
+        p = self.params
+        return (self._peak, p.attention_compute_eff, p.attention_m_half,
+                p.attention_pad_tokens, self._hq, p.attention_prefill_par_half)
+
+    def decode_step_for_rows(self, rows: int):  # noqa: ANN201 - a closure
+        """``decode_step`` with ``rows`` fixed: ``f(kv_tokens, c_min, c_max)``, for callers
+        that cost many decode steps of one batch size in a row."""
+        self.decode_step_function()
+        return self._decode_fn[2](rows)
+
+    def decode_series(self, rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """``(seconds, flops, bytes, bounds)`` of ``k`` successive pure-decode steps, the
+        first as ``decode_step(rows, kv_tokens, c_min, c_max)`` and each later one with every
+        context a token longer (``kv_tokens`` + ``rows`` per step): what an exact event skip
+        of a steady decode stretch needs. Elementwise the same as ``decode_step``."""
+        self.decode_step_function()
+        return self._decode_fn[1](rows, kv_tokens, c_min, c_max, k)
+
+    def decode_constants(self, rows: int) -> tuple[float, ...]:
+        """``dense_constants`` of a pure-decode step of ``rows`` rows (``rows`` tokens)."""
+        return self.dense_constants(float(rows), rows)
+
+    def dense_constants(self, T: float, rows: int) -> tuple[float, ...]:
+        """The parts of ``step`` for ``T`` tokens in ``rows`` rows that attention does not touch, as
+        partial sums in ``step``'s order of operations (from ``_dense``): 21 numbers, in the order
+        ``decode_step``'s closure unpacks them (``sim.engine.kernel_loop`` indexes them). With them,
+        a step whose attention is one operator is a handful of operations
+        (``assemble_one_attention``)."""
+        p, L = self.params, self.model.num_layers
+        lat = p.kernel_latency_s
+        dense_secs, before, norms, comm, emb, lm_head, overhead = self._dense(T, rows)
+        secs = dict(dense_secs)
+        s3 = secs["qkv_proj"] * L + secs["o_proj"] * L + secs["mlp"] * L
+        t_norm = max(norms[0], norms[1]) + 4 * lat
+        elem = norms[3]
+        secs.clear()
+        tally = [0.0, 0.0, 0.0, 0.0]
+        for name, (tc, tm, f, b) in (("embedding", emb), ("lm_head", lm_head)):  # as ``add``
+            t = max(tc, tm) + lat
+            secs[name] = 0.0 + t
+            tally[0 if tc > tm else 1] += t
+            tally[2] += f
+            tally[3] += b
+        att_lat = p.attention_latency_s + lat
+        c0, m0 = before[0], before[1]
+        return (s3, *before, att_lat, t_norm, elem, t_norm * L, comm * L,
+                secs["embedding"], secs["lm_head"], overhead, *tally,
+                rows * p.attention_row_tokens, rows * (self._kv_bytes_tok_layer
+                                                       + self._q_bytes_tok),
+                ((m0 + att_lat) + t_norm) * L + tally[1], c0 * L + tally[0])
+
+    def prefill_cost(self, prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
+        """``(seconds, flops, bytes, bound)`` of ``prefill_step(prompts)`` without building its
+        breakdown: the same floats, from ``dense_constants`` (memoized by tokens and rows) and
+        the attention operator. What an engine costing many prefill steps wants."""
+        if self.model.sliding_window is not None:
+            raise ValueError("prefill_cost: a sliding-window model needs per-row contexts")
+        T = 0
+        for n in prompts:
+            T += n
+        ops = self._prompt_attention(prompts, T)
+        if len(ops) != 1:  # one-token prompts make a second (decode) operator: the long way
+            s = self.prefill_step(prompts)
+            return s.seconds, s.flops, s.bytes, s.bound
+        key = (T, len(prompts))
+        consts = self._prefill_consts.get(key)
+        if consts is None:
+            if len(self._prefill_consts) > 1 << 16:  # bound the memo
+                self._prefill_consts.clear()
+            consts = self._prefill_consts[key] = self.dense_constants(float(T), len(prompts))
+        tc, tm, f, b = ops[0]
+        return assemble_one_attention(consts, tc, tm, f, b, self.model.num_layers, self.tp)
+
+
+def assemble_one_attention(consts: tuple[float, ...], tc: float, tm: float, f: float, b: float,
+                           L: int, tp: int) -> tuple[float, float, float, str]:
+    """``step``'s ``(seconds, flops, bytes, bound)`` from ``dense_constants`` and the step's one
+    attention operator ``(compute s, memory s, flops, bytes)`` per layer, in ``_assemble``'s
+    order of operations. The operator joins the compute or the memory tally, as in ``step``;
+    the other tally is then the constants' own. ``bound`` is ``max`` over ``(seconds, name)``
+    pairs as ``step`` takes it, ties going to the larger name ("overhead" > "memory" >
+    "compute" > "comm"), without building the tuples."""
+    (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s, overhead, c2,
+     m2, f2, b2, _, _, memory_if_compute, compute_if_memory) = consts
+    if tc > tm:
+        t = tc
+        compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
+    else:
+        t = tm
+        compute_s = compute_if_memory
+        memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
+    seconds = s3 + (t + att_lat) * L + norms_l
+    if tp > 1:
+        seconds += comm_l
+    seconds = seconds + emb_s + lm_s + overhead
+    bound, top = ("memory", memory_s) if memory_s >= compute_s else ("compute", compute_s)
+    if comm_l > top:
+        bound, top = "comm", comm_l
+    if overhead >= top:
+        bound = "overhead"
+    return seconds, ((t2 + f) * L + f2) * tp, (((t3 + b) + e_norm) * L + b2) * tp, bound

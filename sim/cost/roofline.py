@@ -1,0 +1,466 @@
+"""Roofline cost model: per-operator FLOPs and bytes of one forward pass, timed per GPU profile.
+
+Each layer is split into operator classes (QKV projection, O projection, MLP, attention,
+norms/elementwise, TP all-reduce) plus the embedding and LM head once per step. An operator takes
+``max(flops / (peak × compute_eff), bytes / (HBM bandwidth × memory_eff)) + kernel latency``;
+GEMM efficiency is shape-aware (few token rows cannot fill the tensor cores), attention splits
+into compute-bound prefill and KV-reading decode, and all-reduce is ``α + 2(n−1)/n · bytes / bus``.
+Attention also pays for under-filled SMs: with ``P`` independent work units (prefill: query-head
+× 128-token query tiles; decode: KV-head streams, long contexts split into ``split_tokens``
+pieces) a uniform batch takes ``t · (1 + par_half / P)``, so few heads per GPU run worse.
+Everything is per GPU of one tensor-parallel model instance; ``StepCost.flops``/``bytes`` are the
+totals over its ``tp`` GPUs. ``step`` does a handful of numpy reductions and scalar arithmetic so
+the simulator can call it every iteration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import numpy as np
+
+from sim.core.types import BatchShape, StepCost
+from sim.cost.aggregate import PREFILL_TILE_TOKENS, AggregateSteps
+from sim.cost.base import ShapeCost, StepSeries
+from sim.cost.profiles import (
+    DTYPE_BYTES,
+    EngineProfile,
+    GpuProfile,
+    ModelSpec,
+    ProfileError,
+    load_engine,
+    load_gpu,
+    load_model,
+)
+
+_ACT_BYTES = 2.0  # activations stay bf16/fp16 whatever the weight format
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Every tunable of the roofline in SI units: GPU calibration plus engine overheads."""
+
+    compute_eff_max: float
+    compute_m_half: float
+    memory_eff: float
+    attention_compute_eff: float
+    attention_m_half: float
+    attention_memory_eff: float
+    attention_latency_s: float
+    attention_row_tokens: float
+    kernel_latency_s: float
+    comm_eff: float
+    allreduce_alpha_s: float
+    alpha_per_peer_s: float
+    per_step_s: float
+    per_seq_s: float
+    per_layer_launch_s: float
+    attention_pad_tokens: float = 0.0
+    attention_prefill_par_half: float = 0.0
+    attention_decode_par_half: float = 0.0
+    attention_split_tokens: float = float("inf")
+    attention_mha_split_tokens: float = float("inf")
+    attention_gqa_latency_s: float = 0.0
+
+    @staticmethod
+    def of(gpu: GpuProfile, engine: EngineProfile, **overrides: float) -> CostParams:
+        """Collect the parameters of ``gpu`` and ``engine``, then apply named overrides."""
+        c, ic = gpu.calibration, gpu.interconnect
+        base = CostParams(
+            c.compute_eff_max, c.compute_m_half, c.memory_eff, c.attention_compute_eff,
+            c.attention_m_half,
+            c.memory_eff if c.attention_memory_eff is None else c.attention_memory_eff,
+            (c.kernel_latency_us if c.attention_latency_us is None else c.attention_latency_us)
+            * 1e-6, c.attention_row_tokens, c.kernel_latency_us * 1e-6, c.comm_eff,
+            ic.allreduce_alpha_us * 1e-6, ic.alpha_per_peer_us * 1e-6,
+            engine.per_step_s, engine.per_seq_s, engine.per_layer_launch_s,
+            *(float(_calibration_value(c, k, d)) for k, d in _ATTENTION_EXTRAS.items()))
+        # without its own fit, multi-head decode splits like grouped-query decode
+        split = base.attention_split_tokens
+        base = replace(base, attention_mha_split_tokens=float(
+            _calibration_value(c, "attention_mha_split_tokens", split)),
+            attention_gqa_latency_s=float(
+            _calibration_value(c, "attention_gqa_latency_us", 0.0)) * 1e-6)
+        known = [f.name for f in fields(CostParams)]
+        bad = sorted(set(overrides) - set(known))
+        if bad:
+            raise ProfileError(f"unknown cost-model override(s) {bad}; known: {', '.join(known)}")
+        return replace(base, **{k: float(v) for k, v in overrides.items()})
+
+
+#: Attention-occupancy parameters and their neutral defaults (no padding, full occupancy). A GPU
+#: profile gives them as ``calibration:`` keys, or inside ``calibration.fit`` while
+#: ``sim.cost.profiles.Calibration`` does not yet declare them.
+_ATTENTION_EXTRAS = {"attention_pad_tokens": 0.0, "attention_prefill_par_half": 0.0,
+                     "attention_decode_par_half": 0.0, "attention_split_tokens": float("inf")}
+
+
+def _calibration_value(cal: object, key: str, default: float) -> float:
+    """``key`` of a GPU calibration: its attribute, else its ``fit`` entry, else ``default``."""
+    value = getattr(cal, key, None)
+    if value is None:
+        value = getattr(cal, "fit", {}).get(key)
+    return default if value is None else value
+
+
+def _operator_adder(secs: dict[str, float], tally: list[float], lat: float):  # noqa: ANN202
+    """``add(name, (compute s, memory s, flops, bytes), kernels=1)``: one operator's time
+    ``max(compute, memory) + kernels × latency`` added to ``secs[name]`` and to the compute-
+    or memory-bound tally, its flops and bytes to theirs (the accounting ``step`` does)."""
+
+    def add(name: str, op: tuple[float, float, float, float], kernels: int = 1) -> None:
+        tc, tm, f, b = op
+        t = max(tc, tm) + kernels * lat
+        secs[name] = secs.get(name, 0.0) + t
+        tally[0 if tc > tm else 1] += t
+        tally[2] += f
+        tally[3] += b
+
+    return add
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    """One weight GEMM of a layer, per GPU: output features ``n``, input features ``k``."""
+
+    name: str
+    n: float
+    k: float
+
+
+@dataclass(frozen=True)
+class RooflineCost(AggregateSteps, ShapeCost):
+    """Roofline step cost of ``model`` on ``tp`` GPUs of kind ``gpu`` (build with
+    :func:`build_cost_model`). Attributes beyond the CostModel protocol: ``weight_bytes_per_gpu``,
+    ``kv_bytes_per_token`` (per GPU) and :meth:`kv_capacity_tokens`."""
+
+    model: ModelSpec
+    gpu: GpuProfile
+    tp: int
+    engine: EngineProfile
+    params: CostParams
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    peak_flops: float = field(init=False)
+    peak_bytes_per_s: float = field(init=False)
+    weight_bytes_per_gpu: float = field(init=False)
+    kv_bytes_per_token: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        m, tp, p = self.model, self.tp, self.params
+        wb, kvb = DTYPE_BYTES[self.weight_dtype], DTYPE_BYTES[self.kv_dtype]
+        peak = self.gpu.peak_flops(self.weight_dtype)
+        hq, hkv = m.num_heads / tp, m.kv_heads_per_gpu(tp)
+        setf = object.__setattr__  # frozen: derived constants are set once, here
+        setf(self, "peak_flops", tp * peak)
+        setf(self, "peak_bytes_per_s", tp * self.gpu.hbm_bytes_per_s)
+        setf(self, "weight_bytes_per_gpu", self._weight_params_per_gpu() * wb)
+        setf(self, "kv_bytes_per_token", m.kv_bytes_per_token(tp, kvb))
+        h, inter = m.hidden_size, m.intermediate_size / tp
+        setf(self, "_gemms", (
+            _Gemm("qkv_proj", (hq + 2 * hkv) * m.head_dim, h),
+            _Gemm("o_proj", h, hq * m.head_dim),
+            _Gemm("mlp", (2 if m.gated_mlp else 1) * inter, h),
+            _Gemm("mlp", h, inter),
+        ))
+        setf(self, "_wb", wb)
+        setf(self, "_peak", peak)
+        setf(self, "_bw", self.gpu.hbm_bytes_per_s * p.memory_eff)
+        setf(self, "_att_bw", self.gpu.hbm_bytes_per_s * p.attention_memory_eff)
+        # attention FLOPs per (query, key) pair: QK^T and PV, 2 FLOPs per multiply-add each
+        setf(self, "_attn_flops_pair", 4.0 * hq * m.head_dim)
+        setf(self, "_kv_bytes_tok_layer", 2.0 * hkv * m.head_dim * kvb)
+        setf(self, "_q_bytes_tok", 2.0 * hq * m.head_dim * _ACT_BYTES)  # read Q, write O
+        setf(self, "_hq", hq)
+        setf(self, "_hkv", float(hkv))
+        # FlashAttention-2 decode dispatch: multi-head layouts (hq == hkv) split long KV by
+        # their own rule (never, on A100); grouped-query layouts with several KV heads pay the
+        # query/output head-layout swap (fixed extra latency) that hkv == 1 gets for free
+        setf(self, "_split", p.attention_mha_split_tokens if hq == hkv
+             else p.attention_split_tokens)
+        setf(self, "_gqa_lat", p.attention_gqa_latency_s if 1 < hkv < hq else 0.0)
+        ic = self.gpu.interconnect
+        bus = (ic.bus_bw_gbps if ic.nvlink_gbps > 0 else self.gpu.pcie_gbps) * 1e9 * p.comm_eff
+        setf(self, "_bus", bus)
+        setf(self, "_alpha", p.allreduce_alpha_s + p.alpha_per_peer_s * max(0, tp - 2))
+        setf(self, "_decode_consts", {})  # rows -> ``decode_constants(rows)``
+        setf(self, "_dense_memo", {})  # (T, rows) -> ``_dense(T, rows)``
+        setf(self, "_prefill_consts", {})  # (T, rows) -> ``dense_constants(T, rows)``
+        setf(self, "_decode_fn", [])  # the ``decode_step_function`` closure, once built
+
+    def _weight_params_per_gpu(self) -> float:
+        """Parameters one GPU stores: layers and LM head sharded by TP, KV heads replicated."""
+        m, tp = self.model, self.tp
+        q, kv = m.num_heads * m.head_dim, m.kv_heads_per_gpu(tp) * m.head_dim
+        attn = m.hidden_size * (q / tp + 2 * kv) + q / tp * m.hidden_size
+        mlp = m.num_experts * m.mlp_params_per_expert / tp
+        router = m.hidden_size * m.num_experts if m.is_moe else 0
+        layer = attn + mlp + router + 2 * m.hidden_size
+        return m.num_layers * layer + m.embedding_params / tp + m.hidden_size
+
+    def compute_eff(self, m: float) -> float:
+        """Fraction of peak a GEMM with ``m`` token rows reaches: saturating in ``m``."""
+        p = self.params
+        return p.compute_eff_max * m / (m + p.compute_m_half)
+
+    def _gemm(self, m: float, g: _Gemm, experts: float = 1.0, m_rows: float | None = None
+              ) -> tuple[float, float, float, float]:
+        """(compute s, memory s, flops, bytes) of ``m`` tokens through ``g``; MoE reads
+        ``experts`` weight sets and each expert GEMM sees ``m_rows`` tokens on average."""
+        flops = 2.0 * m * g.n * g.k
+        nbytes = experts * g.n * g.k * self._wb + m * (g.n + g.k) * _ACT_BYTES
+        eff = self.compute_eff(m if m_rows is None else m_rows)
+        return flops / (self._peak * eff), nbytes / self._bw, flops, nbytes
+
+    def _decode_unit_s(self, c: float | np.ndarray) -> float | np.ndarray:
+        """Seconds of one parallel unit of a decode row attending ``c`` keys: the row's time
+        over its KV streams ``hkv · (1 + c / split_tokens)``. Works on floats and arrays."""
+        p = self.params
+        tc = self._attn_flops_pair * c / (self._peak * p.attention_compute_eff)
+        tm = (self._kv_bytes_tok_layer * (c + p.attention_row_tokens + 1.0)
+              + self._q_bytes_tok) / self._att_bw
+        t = np.maximum(tc, tm) if isinstance(c, np.ndarray) else max(tc, tm)
+        return t / (self._hkv * (1.0 + c / self._split))
+
+    def _decode_tail_s(self, c_min: float | np.ndarray, c_max: float | np.ndarray
+                       ) -> float | np.ndarray:
+        """Under-filled-SM cost of decode attention: ``par_half`` units of the slowest row.
+        The unit time is a ratio of linear maps in the context (quasi-convex), so the slowest
+        row is the shortest or the longest; when the unit time grows with the context
+        (``row_tokens + 1 <= split_tokens``, every fitted GPU) only the longest is looked at,
+        and the step time stays monotone in work."""
+        slow = self._decode_unit_s(c_max)
+        if self.params.attention_row_tokens + 1.0 > self._split:
+            low = self._decode_unit_s(c_min)
+            slow = np.maximum(slow, low) if isinstance(slow, np.ndarray) else max(slow, low)
+        return self.params.attention_decode_par_half * slow
+
+    def _attention(self, new: np.ndarray, ctx: np.ndarray, tokens: int
+                   ) -> tuple[list[float], ...]:
+        """[compute s, memory s, flops, bytes] of one layer's decode and prefill attention.
+
+        On top of the roofline the kernel pays ``par_half`` extra units of its slowest row's
+        per-unit time (the larger of the decode and prefill tails): for a uniform batch of
+        ``P`` units, ``t · (1 + par_half / P)``."""
+        p, w, rows = self.params, self.model.sliding_window, len(new)
+        if w is not None:
+            ctx_w = np.minimum(ctx, w)
+        if tokens == rows:  # pure decode, the common case: keep it to few reductions
+            n_dec, new_pf = rows, 0
+            c_dec = ctx if w is None else ctx_w
+            kv_dec = pairs_all = kv_all = int(c_dec.sum())
+        else:
+            dec = new == 1
+            n_dec = int(np.count_nonzero(dec))
+            new_pf = tokens - n_dec
+            if w is None:  # causal: query i of a chunk sees ctx - new + i keys
+                pairs = new * ctx - (new * new - new) // 2
+                kv_tok = ctx
+            else:  # ...but never more than w of them
+                first = ctx - new + 1
+                full = np.clip(ctx_w - first + 1, 0, None)  # queries at positions <= w
+                pairs = full * (2 * first + full - 1) // 2 + (new - full) * w
+                kv_tok = np.minimum(ctx, w + new - 1)
+            pairs_all = int(pairs.sum())
+            kv_all = int(kv_tok.sum())
+            c_dec = kv_tok[dec]
+            kv_dec = int(c_dec.sum()) if n_dec else 0
+        fpp, kvt, bw = self._attn_flops_pair, self._kv_bytes_tok_layer, self._att_bw
+        out = []
+        # every row streams its KV: the decode-style tail covers prefill rows too, so a row
+        # turning from decode into a prefill chunk never lowers it
+        c_all = c_dec if new_pf == 0 else kv_tok
+        c_min = float(c_all.min()) if p.attention_row_tokens + 1.0 > self._split \
+            else 0.0
+        tail = self._decode_tail_s(c_min, float(c_all.max()))
+        if n_dec:  # decode: one query per row, reads the row's whole (windowed) KV
+            f = fpp * kv_dec
+            b = kvt * (kv_dec + n_dec * p.attention_row_tokens) + n_dec * (kvt + self._q_bytes_tok)
+            g = self._gqa_lat  # the decode kernel's head-layout swap
+            out.append([f / (self._peak * p.attention_compute_eff) + g, b / bw + g, f, b])
+        if new_pf:  # prefill chunks: causal FLOPs against the context; short chunks run worse
+            f = fpp * (pairs_all - kv_dec)
+            rows_pf = len(new) - n_dec  # each row also pays the fixed per-sequence work
+            b = (kvt * (kv_all - kv_dec + new_pf + rows_pf * p.attention_row_tokens)
+                 + self._q_bytes_tok * new_pf)
+            chunk = new_pf / rows_pf
+            eff = p.attention_compute_eff * chunk / (chunk + p.attention_m_half)
+            # each query also computes the masked half of its diagonal tile (pad_tokens keys)
+            pad = fpp * p.attention_pad_tokens
+            n_p, pairs_p, kv_p = new[~dec], pairs[~dec], kv_tok[~dec]
+            unit = np.maximum((fpp * pairs_p + pad * n_p) / (self._peak * eff),
+                              (kvt * (kv_p + n_p + p.attention_row_tokens)
+                               + self._q_bytes_tok * n_p) / bw)
+            unit = unit / (self._hq * (1.0 + n_p / PREFILL_TILE_TOKENS))  # query-head tiles
+            tail = max(tail, p.attention_prefill_par_half * float(unit.max()))
+            out.append([(f + pad * new_pf) / (self._peak * eff), b / bw, f, b])
+        out[-1][0] += tail  # one kernel: its slowest unit sets the under-filled tail
+        out[-1][1] += tail
+        return tuple(out)
+
+    def step(self, shape: BatchShape) -> StepCost:
+        """Cost of one forward pass over ``shape`` on all ``tp`` GPUs (time is per GPU, in
+        parallel; flops/bytes are totals)."""
+        new, ctx = shape.new_tokens, shape.context_lens
+        rows = len(new)
+        if rows == 0:
+            p, L = self.params, self.model.num_layers
+            overhead = p.per_step_s + p.per_seq_s * rows + p.per_layer_launch_s * L
+            return StepCost(overhead, bound="overhead", breakdown={"overhead": overhead})
+        T = float(new.sum())
+        return self._assemble(T, rows, self._attention(new, ctx, int(T)))
+
+    def _dense(self, T: float, rows: int) -> tuple:
+        """The parts of ``step`` attention does not touch, for ``T`` tokens in ``rows`` rows:
+        the GEMMs' seconds and tallies, the norms, the all-reduce, the embedding and LM head
+        operators and the overhead (memoized: they depend on nothing else)."""
+        key = (T, rows)
+        dense = self._dense_memo.get(key)
+        if dense is not None:
+            return dense
+        p, m, L = self.params, self.model, self.model.num_layers
+        lat = p.kernel_latency_s
+        secs: dict[str, float] = {}
+        tally = [0.0, 0.0, 0.0, 0.0]
+        add = _operator_adder(secs, tally, lat)
+
+        g_qkv, g_o, g_up, g_down = self._gemms
+        add("qkv_proj", self._gemm(T, g_qkv))
+        add("o_proj", self._gemm(T, g_o))
+        if m.is_moe:  # expected distinct experts T tokens touch with top-k routing
+            e, k = m.num_experts, m.top_k
+            touched = e * (1.0 - (1.0 - k / e) ** T)
+            add("mlp", self._gemm(T * k, g_up, touched, T * k / touched))
+            add("mlp", self._gemm(T * k, g_down, touched, T * k / touched))
+        else:
+            add("mlp", self._gemm(T, g_up))
+            add("mlp", self._gemm(T, g_down))
+        # two norms (+ residual), rope, activation: read+write activations, memory-bound
+        h = m.hidden_size
+        elem = T * _ACT_BYTES * (6 * h + self._q_bytes_tok / _ACT_BYTES + 3 * g_down.k)
+        norms = (0.0, elem / self._bw, 0.0, elem)
+        comm = 0.0
+        if self.tp > 1:  # Megatron TP: one all-reduce after attention, one after the MLP
+            msg = T * h * _ACT_BYTES
+            comm = 2 * (self._alpha + 2 * (self.tp - 1) / self.tp * msg / self._bus)
+        # embedding gather, then the LM head for the one sampling position per row
+        emb = T * h * self._wb
+        lm_head = self._gemm(float(rows), _Gemm("lm_head", m.vocab_size / self.tp, h))
+        overhead = p.per_step_s + p.per_seq_s * rows + p.per_layer_launch_s * L
+        dense = (tuple(secs.items()), tuple(tally), norms, comm,
+                 (0.0, emb / self._bw, 0.0, emb), lm_head, overhead)
+        if len(self._dense_memo) > 1 << 16:  # bound the memo
+            self._dense_memo.clear()
+        self._dense_memo[key] = dense
+        return dense
+
+    def _assemble(self, T: float, rows: int, attention: tuple[list[float], ...]) -> StepCost:
+        """``step``'s total from the dense parts of ``(T, rows)`` and the attention ops."""
+        dense_secs, dense_tally, norms, comm, emb, lm_head, overhead = self._dense(T, rows)
+        p, L = self.params, self.model.num_layers
+        lat = p.kernel_latency_s
+        secs = dict(dense_secs)
+        tally = list(dense_tally)  # per layer: compute-bound s, memory-bound s, flops, bytes
+        add = _operator_adder(secs, tally, lat)
+
+        for op in attention:
+            add("attention", op, 0)
+        secs["attention"] += p.attention_latency_s + lat  # attention kernel + KV-cache write
+        tally[1] += p.attention_latency_s + lat
+        add("norms", norms, 4)
+        if self.tp > 1:
+            secs["allreduce"] = comm
+        seconds = {name: t * L for name, t in secs.items()}
+        compute_s, memory_s, flops, nbytes = (x * L for x in tally)
+        tally[:] = [0.0, 0.0, 0.0, 0.0]
+        add("embedding", emb)
+        add("lm_head", lm_head)
+        seconds["embedding"], seconds["lm_head"] = secs["embedding"], secs["lm_head"]
+        seconds["overhead"] = overhead
+        compute_s, memory_s = compute_s + tally[0], memory_s + tally[1]
+        flops, nbytes = flops + tally[2], nbytes + tally[3]
+        bound = max((compute_s, "compute"), (memory_s, "memory"), (comm * L, "comm"),
+                    (overhead, "overhead"))[1]
+        return StepCost(sum(seconds.values()), flops * self.tp, nbytes * self.tp, bound, seconds)
+
+    def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
+        """Successive pure-decode steps in numpy: only attention changes as contexts grow.
+
+        Reproduces ``step`` bit for bit in ``seconds`` (same operations in the same order);
+        falls back to repeated ``step`` calls for prefill rows or when the bound would switch.
+        """
+        new, ctx = shape.new_tokens, shape.context_lens
+        if num_steps < 3 or len(new) == 0 or not (new == 1).all():
+            return super().step_series(shape, num_steps)
+        first = self.step(shape)
+        last = self.step(BatchShape(new, ctx + (num_steps - 1), shape.num_padding_tokens))
+        if first.bound != last.bound:
+            return super().step_series(shape, num_steps)
+        p, L, rows = self.params, self.model.num_layers, len(new)
+        j = np.arange(num_steps)
+        w = self.model.sliding_window
+        if w is None:
+            kv = int(ctx.sum()) + rows * j
+        else:
+            kv = np.minimum(ctx[None, :] + j[:, None], w).sum(axis=1)
+        fpp, kvt = self._attn_flops_pair, self._kv_bytes_tok_layer
+        f = fpp * kv
+        b = kvt * (kv + rows * p.attention_row_tokens) + rows * (kvt + self._q_bytes_tok)
+        c_min, c_max = float(ctx.min()) + j, float(ctx.max()) + j
+        if w is not None:
+            c_min, c_max = np.minimum(c_min, w), np.minimum(c_max, w)
+        tail = self._decode_tail_s(c_min, c_max)
+        g = self._gqa_lat
+        t = np.maximum(f / (self._peak * p.attention_compute_eff) + g + tail,
+                       b / self._att_bw + g + tail)
+        att = (t + (p.attention_latency_s + p.kernel_latency_s)) * L
+        total = np.zeros(num_steps)
+        for name, value in first.breakdown.items():  # same summation order as ``step``
+            total = total + (att if name == "attention" else value)
+        scale = L * self.tp
+        return StepSeries(total, first.flops + (f - f[0]) * scale,
+                          first.bytes + (b - b[0]) * scale, (first.bound,) * num_steps)
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9,
+                           activation_reserve_gb: float = 1.0) -> int:
+        """KV tokens that fit per replica: per-GPU memory × utilization − weights − reserve."""
+        free = (self.gpu.hbm_bytes * gpu_memory_utilization - self.weight_bytes_per_gpu
+                - activation_reserve_gb * 1e9)
+        return max(0, int(free // self.kv_bytes_per_token))
+
+
+#: The engine profile of a run that names none, from Python and from YAML alike: the engine
+#: generation most measurements come from (per-step CPU overheads fitted to vLLM).
+DEFAULT_ENGINE = "vllm"
+
+
+def build_cost_model(model: str | Path | ModelSpec, hardware: str | Path | GpuProfile,
+                     tp: int = 1, engine: str | Path | EngineProfile = DEFAULT_ENGINE,
+                     weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+                     **overrides: float) -> RooflineCost:
+    """Build the roofline of ``model`` on ``tp`` × ``hardware`` (names, paths or loaded specs).
+
+    ``engine`` defaults to ``DEFAULT_ENGINE``, as an experiment YAML without ``engine:`` does.
+    ``overrides`` replace any :class:`CostParams` field (e.g. ``memory_eff=0.8``). Raises
+    :class:`ProfileError` for an unknown name, dtype or override, a TP degree the heads cannot
+    split over, or weights that do not fit in ``tp`` × device memory.
+    """
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    gpu = hardware if isinstance(hardware, GpuProfile) else load_gpu(hardware)
+    eng = engine if isinstance(engine, EngineProfile) else load_engine(engine)
+    for what, dt in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)):
+        if dt not in DTYPE_BYTES:
+            raise ProfileError(f"unknown {what} {dt!r}; known: {', '.join(DTYPE_BYTES)}")
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ProfileError(f"tp must be a positive integer, got {tp!r}")
+    if spec.num_heads % tp:
+        raise ProfileError(f"{spec.name}: {spec.num_heads} attention heads do not split over "
+                           f"tp={tp}")
+    cost = RooflineCost(spec, gpu, tp, eng, CostParams.of(gpu, eng, **overrides),
+                        weight_dtype, kv_dtype)
+    if cost.weight_bytes_per_gpu > gpu.hbm_bytes:
+        need = cost.weight_bytes_per_gpu * tp / 1e9
+        raise ProfileError(
+            f"{spec.name} weights ({need:.1f} GB at {weight_dtype}) do not fit in tp={tp} × "
+            f"{gpu.name} ({tp * gpu.hbm_gb:g} GB); raise tp or use a smaller weight_dtype")
+    return cost

@@ -1,0 +1,247 @@
+"""``sim.simulate``: run requests through a policy and cost model, return tables and a summary.
+
+Builds the replicas (requests are routed round-robin by arrival order, a deterministic rule
+fixed before the run), starts one SimPy process per replica and turns the final state into a
+``SimResult``.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from policies import make_policy
+from policies.registry import Policy
+from sim.core.arrays import TraceArrays
+from sim.core.state import Seq
+from sim.core.types import Request
+from sim.cost.base import CostModel
+from sim.engine import fastkernel
+from sim.engine.fastpath import FastResult, fast_path_blocker, run_continuous
+from sim.engine.replica import Replica
+from sim.kv.config import KVConfig, resolve_kv
+from sim.metrics.summary import (
+    StepLog,
+    canonical_irregular,
+    request_frame,
+    request_table,
+    summarize,
+)
+
+_ARRIVAL_ORDER = attrgetter("arrival_s", "id")
+
+
+@dataclass
+class SimResult:
+    """What one simulation produced.
+
+    ``irregular_itl_runs`` are the inter-token gaps that are not one step's duration (the
+    per-step ones are the steps table's ``duration_s`` × ``num_regular_itl``), run-length
+    encoded as ``(gaps, counts)``; ``irregular_itl`` lists them one per token.
+    """
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict[str, Any]
+    irregular_itl_runs: tuple[np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.empty(0), np.empty(0, dtype=np.int64)))
+    kv: KVConfig | None = None
+
+    @property
+    def irregular_itl(self) -> list[float]:
+        """The irregular inter-token gaps, one entry per token, in the order they came."""
+        gaps, counts = self.irregular_itl_runs
+        return np.repeat(gaps, counts).tolist()
+
+
+def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any] | str | Policy,
+             cost: CostModel, kv: Mapping[str, Any] | KVConfig | None = None, seed: int = 0,
+             *, num_replicas: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0,
+             slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
+             checks: bool = False, event_skipping: bool = True,
+             wall_clock_s: float | None = None,
+             max_model_len: int | None | str = "model", fast_path: bool | str = True
+             ) -> SimResult:
+    """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
+
+    ``requests`` may also be columnar (``TraceArrays``, what ``sim.workload.build`` builds; ids are
+    the row numbers), which spares a million-request run its ``Request`` objects.
+
+    ``policy`` is a registry spec such as ``{"name": "continuous", "max_num_seqs": 64}``;
+    each replica gets its own instance. ``kv=None`` means unlimited KV. ``seed`` is recorded
+    and reserved for stochastic policies (the engine itself draws nothing at random).
+    ``checks`` turns on deep per-step invariant checks (used by the tests).
+    ``event_skipping`` lets steady decode stretches advance in one event (exact; off for
+    comparison and debugging). ``horizon_s`` (simulated) and ``wall_clock_s`` (real seconds)
+    end a run early; its summary then says ``partial: True``. ``max_model_len`` rejects
+    requests whose prompt + output exceed it (vLLM's context limit); ``"model"`` takes the cost
+    model's ``model.max_position_embeddings`` when it has one, ``None`` means no limit.
+    ``fast_path`` lets a run the exact fast path covers (``sim.engine.fastpath``: FCFS continuous
+    batching, vLLM or Orca mode, paged KV with recompute) use it; ``False`` forces the general
+    engine. ``True`` runs replicas with at least ``COMPILED_MIN_REQUESTS`` requests in vLLM mode
+    (roofline, constant or linear cost) through the compiled kernel (``sim.engine.fastkernel``) and
+    the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose     one of the two whatever
+    the size (``"compiled"`` falls back to interpreted where the kernel does not apply). All give
+    the same results, bit for bit.
+    """
+    if fast_path not in _FAST_PATH_CHOICES:
+        raise ValueError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
+                         f"got {fast_path!r}")
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    kv_config = resolve_kv(kv, cost)
+    if max_model_len == "model":
+        max_model_len = getattr(getattr(cost, "model", None), "max_position_embeddings", None)
+    # Policies keep per-replica state (a static batch in flight): one instance per replica.
+    policies = [make_policy(policy if k == 0 or not isinstance(policy, Policy)
+                            else copy.deepcopy(policy)) for k in range(num_replicas)]
+    deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
+    if fast_path and not fast_path_blocker(policies[0], kv_config, cost, checks=checks,
+                                           event_skipping=event_skipping):
+        # replicas never interact: each runs alone on its round-robin share
+        cols = _arrival_columns(requests)
+        logs = [StepLog() for _ in policies]
+        outs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
+                          fast_path, max_model_len=max_model_len, horizon_s=horizon_s,
+                          deadline=deadline) for k in range(num_replicas)]
+        table = _fast_request_table(cols, outs)
+    else:
+        if isinstance(requests, TraceArrays):
+            requests = requests.to_requests()
+        reqs = sorted(requests, key=_ARRIVAL_ORDER)
+        if len({r.id for r in reqs}) != len(reqs):
+            raise ValueError("request ids must be unique")
+        logs = [StepLog()]
+        table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
+                            horizon_s=horizon_s, event_skipping=event_skipping,
+                            max_model_len=max_model_len, deadline=deadline)
+    if len(logs) == 1:
+        steps = logs[0].table()
+    else:  # an idle replica's empty table would turn the integer columns into floats
+        tables = [log.table() for log in logs if len(log)]
+        steps = pd.concat(tables, ignore_index=True) if tables else logs[0].table()
+    if num_replicas > 1 and len(steps):
+        steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
+    gaps, at, counts = canonical_irregular([log.irregular_runs() for log in logs])
+    summary = summarize(
+        table, steps, (gaps, at, counts),
+        peak_flops=getattr(cost, "peak_flops", None),
+        peak_bytes_per_s=getattr(cost, "peak_bytes_per_s", None),
+        slot_capacity=policies[0].slot_capacity, num_replicas=num_replicas,
+        kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,
+        warmup_s=warmup_s, cooldown_s=cooldown_s, slos=dict(slos) if slos else None,
+        kv_block_size=kv_config.block_size)
+    summary["seed"] = seed
+    summary["partial"] = bool(summary["num_unfinished"] > 0)
+    return SimResult(table, steps, summary, (gaps, counts), kv_config)
+
+
+_FAST_PATH_CHOICES = (True, False, "compiled", "interpreted")
+
+
+def _run_fast(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Policy,
+              cost: CostModel, kv: KVConfig, log: StepLog, choice: bool | str, *,
+              max_model_len: int | None, horizon_s: float | None,
+              deadline: float | None) -> FastResult:
+    """Run replica ``k``'s round-robin share on the fast path, compiled or interpreted."""
+    arrival, prompt, out = (cols[name][k::num_replicas] for name in
+                            ("arrival_s", "num_prompt_tokens", "num_output_tokens"))
+    kw = {"max_model_len": max_model_len, "horizon_s": horizon_s, "deadline": deadline,
+          "replica": k}
+    large = len(arrival) >= fastkernel.COMPILED_MIN_REQUESTS
+    if ((choice == "compiled" or (choice is True and large))
+            and not fastkernel.compiled_blocker(policy, cost, len(arrival))):
+        return fastkernel.run_continuous_compiled(arrival, prompt, out, policy, cost, kv, log,
+                                                  **kw)
+    return run_continuous(arrival.tolist(), prompt.tolist(), out.tolist(), policy, cost, kv,
+                          log, **kw)
+
+
+def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv: KVConfig,
+                log: StepLog, *, checks: bool, horizon_s: float | None, event_skipping: bool,
+                max_model_len: int | None, deadline: float | None) -> pd.DataFrame:
+    """Run the general engine (one SimPy process per replica); return the request table."""
+    num_replicas = len(policies)
+    seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
+    env = simpy.Environment()
+    for k in range(num_replicas):
+        rep = Replica(k, reqs[k::num_replicas], policies[k], cost, kv, log, seqs,
+                      checks=checks, horizon_s=horizon_s, skip=event_skipping,
+                      max_model_len=max_model_len, deadline=deadline)
+        env.process(rep.process(env))
+    env.run()
+    return request_table(sorted(seqs.values(), key=lambda s: s.req.id))
+
+
+def _arrival_columns(requests: Sequence[Request] | TraceArrays) -> dict[str, np.ndarray]:
+    """Ids, arrival times and lengths as arrays in arrival order (ties by id), without
+    ``Request`` objects when the input is columnar already (ids are then the row numbers)."""
+    if isinstance(requests, TraceArrays):
+        n = len(requests)
+        cols = {"id": np.arange(n, dtype=np.int64), "arrival_s": requests.arrival_s,
+                "num_prompt_tokens": requests.num_prompt_tokens,
+                "num_output_tokens": requests.num_output_tokens}
+    else:
+        n = len(requests)
+        cols = {name: np.fromiter(map(attrgetter(name), requests), dtype, n) for name, dtype in
+                (("id", np.int64), ("arrival_s", np.float64), ("num_prompt_tokens", np.int64),
+                 ("num_output_tokens", np.int64))}
+        if len(np.unique(cols["id"])) != n:
+            raise ValueError("request ids must be unique")
+    order = np.lexsort((cols["id"], cols["arrival_s"]))
+    if n > 1 and (np.diff(order) > 0).all():  # already in order: no copies
+        return {k: np.asarray(v) for k, v in cols.items()}
+    return {k: np.asarray(v)[order] for k, v in cols.items()}
+
+
+def _fast_request_table(cols: dict[str, np.ndarray], outs: list[Any]) -> pd.DataFrame:
+    """The request table of a fast-path run (``cols`` in arrival order, ``outs`` one per
+    replica, each over its round-robin share), in id order."""
+    ids = cols["id"]
+    n = len(ids)
+    replicas = len(outs)
+    out = outs[0] if replicas == 1 else _interleave(outs, n)
+    # ids usually follow arrival order already (trace rows): then nothing moves
+    order = slice(None) if n < 2 or (np.diff(ids) > 0).all() else np.argsort(ids, kind="stable")
+    zeros = np.zeros(n, dtype=np.int64)
+
+    def col(values: Any, dtype: Any = float) -> np.ndarray:
+        return np.asarray(values, dtype=dtype)[order]
+
+    columns = {
+        "id": ids[order],
+        "num_preemptions": col(out.num_preemptions, np.int64),
+        "num_prompt_tokens": col(cols["num_prompt_tokens"], np.int64),
+        "num_output_tokens": col(cols["num_output_tokens"], np.int64),
+        "num_generated": col(out.num_generated, np.int64),
+        "replica": zeros if replicas == 1 else col(np.arange(n) % replicas, np.int64),
+        "num_swaps": zeros, "num_cached_tokens": zeros,
+        "arrival_s": col(cols["arrival_s"]),
+        "first_scheduled_s": col(out.first_scheduled_s),
+        "first_token_s": col(out.first_token_s),
+        "finish_s": col(out.finish_s),
+        "max_itl_s": col(out.max_itl_s),
+    }
+    if isinstance(order, slice):
+        status, reason = out.status, out.reason
+    else:
+        status = [out.status[i] for i in order.tolist()]
+        reason = [out.reason[i] for i in order.tolist()]
+    return request_frame(columns, status, reason)
+
+
+def _interleave(outs: list[Any], n: int) -> Any:
+    """One outcome set from per-replica ones: replica ``k`` holds rows ``k, k + R, ...``."""
+    merged = FastResult(n)
+    for name in vars(merged):
+        column = getattr(merged, name)
+        for k, out in enumerate(outs):
+            column[k::len(outs)] = getattr(out, name)
+    return merged

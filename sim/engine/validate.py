@@ -1,0 +1,81 @@
+"""Plan validation: every rule a policy's ``Plan`` must keep, checked before the engine acts.
+
+A broken rule raises ``EngineError`` naming the policy, the time and the rule, so a buggy
+plugin fails loudly instead of corrupting the simulation. Token counts and KV needs are
+checked against the very ``View`` the policy saw (a waiting request's cached prompt tokens
+included), which is what makes the checks exact.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.core.types import Plan, View
+
+if TYPE_CHECKING:
+    from sim.engine.replica import Replica
+
+
+class EngineError(RuntimeError):
+    """A policy returned a plan that breaks an engine rule (names the policy and the rule)."""
+
+
+def fail(rep: Replica, now: float, rule: str) -> None:
+    """Raise the error for ``rule`` broken by ``rep``'s policy at ``now``."""
+    raise EngineError(f"policy {rep.policy.name!r} at t={now:.6f}s broke a rule: {rule}")
+
+
+def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
+    """Check ``plan`` against ``view`` and the replica's queues; raise ``EngineError``."""
+    now, pol = view.now_s, rep.policy
+    for sid in plan.reject:
+        if sid not in rep.waiting and sid not in rep.preempted:
+            fail(rep, now, f"reject of request {sid}, which is not waiting")
+    freed = 0
+    for sid in plan.preempt:
+        seq = rep.running.get(sid)
+        if seq is None:
+            fail(rep, now, f"preempt of request {sid}, which is not running")
+        if sid in plan.run:
+            fail(rep, now, f"request {sid} both preempted and scheduled")
+        freed += seq.num_blocks
+    if plan.wake_at_s is not None and not plan.run and plan.wake_at_s <= now:
+        fail(rep, now, f"wake_at_s={plan.wake_at_s} is not in the future")
+    if not plan.run:
+        if plan.padding or plan.preempt:
+            fail(rep, now, "padding rows or preemptions without any request to run")
+        return
+    if pol.max_num_seqs is not None and len(plan.run) > pol.max_num_seqs:
+        fail(rep, now, f"{len(plan.run)} sequences > max_num_seqs={pol.max_num_seqs}")
+    total = 0
+    blocks = 0
+    kv = view.kv
+    bs = kv.block_size
+    # ``kv.blocks_needed(seen, n)``, inlined: the floor is the slab reservation, if any
+    per_seq = kv.reserve_output_tokens
+    fixed = kv.reserve_tokens if per_seq is None else None
+    running, waiting, preempted, reject = rep.running, rep.waiting, rep.preempted, plan.reject
+    for sid, n in plan.run.items():
+        seq = running.get(sid) or waiting.get(sid) or preempted.get(sid)
+        if seq is None or (reject and sid in reject):
+            fail(rep, now, f"request {sid} is not waiting or running")
+        seen = seq.view()
+        computed = seen.num_computed_tokens
+        left = seen.num_prompt_tokens + seen.num_generated - computed
+        if n.__class__ is not int and not isinstance(n, int) or n < 1 or n > left:
+            fail(rep, now, f"request {sid}: {n!r} tokens scheduled, 1..{left} allowed")
+        total += n
+        target = computed + n
+        if per_seq is not None:
+            target = max(target, seen.num_prompt_tokens + per_seq)
+        elif fixed is not None:
+            target = max(target, fixed)
+        need = -(-target // bs) - seen.num_blocks
+        if need > 0:
+            blocks += need
+    if pol.max_num_batched_tokens is not None and total > pol.max_num_batched_tokens:
+        fail(rep, now, f"{total} tokens > max_num_batched_tokens={pol.max_num_batched_tokens}")
+    if blocks > kv.free_blocks + freed:
+        fail(rep, now, f"needs {blocks} KV blocks, only {kv.free_blocks + freed} free")
+    for row in plan.padding:
+        if row.num_tokens < 1 or row.context_len < row.num_tokens:
+            fail(rep, now, f"invalid padding row {row}")

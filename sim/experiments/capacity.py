@@ -1,0 +1,256 @@
+"""``batchsim capacity``: the highest request rate that meets SLOs, per policy.
+
+For each policy of an experiment (and each point of any other sweep), the arrival rate —
+``workload.rate`` for trace replay (time-scaled), ``workload.arrival.rate`` for synthetic
+traffic — is searched: a bracketing phase doubles it from the configured rate until a probe
+fails (or halves it until one passes), then bisection narrows [highest pass, lowest fail] to a
+relative ``tolerance``. With ``jobs`` > 1 each round probes ``jobs`` rates at once (doubling
+several steps ahead, or cutting the interval into ``jobs + 1`` parts). A probe passes when the
+run is stable — every request in the measured window finished: none unfinished at a horizon,
+none rejected — and every SLO holds. Probe summaries are cached in ``OUT/probes/`` so a
+re-run (say with a finer tolerance) reuses them.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.experiments.config import expand_runs, load_yaml, policy_label, set_dotted
+from sim.experiments.results import read_json, write_json, write_text
+from sim.experiments.runner import build_requests, run_id, simulate_config
+from sim.experiments.slo import PER_REQUEST, CapacityError, Slos, fmt_value, parse_slos
+
+__all__ = ["CapacityError", "Slos", "parse_slos", "run_capacity"]
+
+#: Doublings (or halvings) of the configured rate tried before giving up on bracketing.
+MAX_STEPS = 12
+SHOWN = ("request_throughput", "output_throughput")
+
+
+def rate_key(workload: Any) -> str:
+    """The dotted key that sets the arrival rate of ``workload``."""
+    if isinstance(workload, dict) and "trace" in workload:
+        return "workload.rate"
+    if isinstance(workload, dict) and isinstance(workload.get("arrival"), dict) \
+            and "rate" in workload["arrival"]:
+        return "workload.arrival.rate"
+    raise CapacityError("workload: no arrival rate to search over; capacity needs "
+                        "workload.rate (trace replay) or workload.arrival.rate (synthetic)")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One capacity search: a policy (and other swept values) at a variable rate."""
+
+    label: str
+    swept: dict[str, Any]
+    config: dict[str, Any]
+    key: str
+    start: float
+
+    def at(self, rate: float) -> dict[str, Any]:
+        """The run config at ``rate``."""
+        cfg = copy.deepcopy(self.config)
+        set_dotted(cfg, self.key, rate)
+        return cfg
+
+
+def find_targets(path: Path, overrides: list[str], slos: Slos) -> tuple[dict, list[Target]]:
+    """Expand the experiment (its rate sweep dropped) into capacity searches."""
+    raw = copy.deepcopy(load_yaml(path))
+    extra = [f"slos.{k}={slos.per_request.get(k, 'null')}" for k in PER_REQUEST] \
+        if slos.attainment is not None else []
+    for block in ("sweep", "zip"):
+        if isinstance(raw.get(block), dict):
+            for key in ("workload.rate", "workload.arrival.rate", "workload.time_scale"):
+                raw[block].pop(key, None)
+            if not raw[block]:
+                raw.pop(block)
+    base, runs = expand_runs(raw, list(overrides) + extra, source=str(path))
+    targets = []
+    for spec in runs:
+        cfg = spec.config
+        key = rate_key(cfg["workload"])
+        if key == "workload.rate" and cfg["workload"].get("rate") is None:
+            reqs = build_requests(cfg, path.resolve().parent)
+            span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
+            if len(reqs) < 2 or span <= 0:
+                raise CapacityError("workload: the trace needs two distinct arrival times")
+            cfg = copy.deepcopy(cfg)
+            cfg["workload"].pop("time_scale", None)
+            cfg["workload"]["rate"] = _round((len(reqs) - 1) / span)
+        start = float(cfg["workload"]["rate"] if key == "workload.rate"
+                      else cfg["workload"]["arrival"]["rate"])
+        label = " ".join([policy_label(cfg["policy"])] + [f"{k}={v}" for k, v in
+                                                          spec.swept.items()])
+        targets.append(Target(label, dict(spec.swept), cfg, key, start))
+    return base, targets
+
+
+def _round(rate: float) -> float:
+    """Rates keep 6 significant digits, so probe configs (and their cache ids) are stable."""
+    return float(f"{rate:.6g}")
+
+
+def probe(config: dict[str, Any], base_dir: str) -> dict[str, Any]:
+    """Simulate one probe and return its summary (a picklable top-level function)."""
+    return simulate_config(config, Path(base_dir)).summary
+
+
+def _walk(rates: list[float], oks: list[bool], up: bool, lo: float | None,
+          hi: float | None) -> tuple[float | None, float | None]:
+    """Update [lo, hi] from probes in scan order; stop at the first fail going up (first pass
+    going down), ignoring probes beyond it."""
+    for rate, ok in zip(rates, oks, strict=True):
+        lo, hi = (rate, hi) if ok else (lo, rate)
+        if ok != up:
+            break
+    return lo, hi
+
+
+def search(start: float, tolerance: float, width: int,
+           evaluate: Callable[[list[float], str], list[bool]]) -> tuple[float, str]:
+    """Highest passing rate (bracket by doubling/halving, then bisect) and a status.
+
+    ``evaluate(rates, phase)`` probes ``width`` rates at once and returns pass/fail for each.
+    Status: ``found``; ``at least`` (no failure up to start × 2^MAX_STEPS); ``none`` (no pass
+    down to start / 2^MAX_STEPS; the rate is NaN).
+    """
+    lo = hi = None
+    for up, e in ((True, 0), (False, 1)):  # up from the start; down only if the start failed
+        while (hi is None if up else lo is None) and e <= MAX_STEPS:
+            rates = [_round(start * 2.0 ** (k if up else -k))
+                     for k in range(e, min(e + width, MAX_STEPS + 1))]
+            lo, hi = _walk(rates, evaluate(rates, "bracket"), up, lo, hi)
+            e += width
+    if lo is None:
+        return math.nan, "none"
+    if hi is None:
+        return lo, "at least"
+    while hi - lo > tolerance * lo:
+        rates = [_round(lo + (hi - lo) * j / (width + 1)) for j in range(1, width + 1)]
+        rates = [r for r in dict.fromkeys(rates) if lo < r < hi]
+        if not rates:
+            break
+        lo, hi = _walk(rates, evaluate(rates, "bisect"), True, lo, hi)
+    return lo, "found"
+
+
+def cost_per_mtok(config: dict[str, Any], output_throughput: float) -> float | None:
+    """USD per million output tokens: GPU price × GPUs / output tokens per hour (or None)."""
+    from sim.cost.profiles import load_gpu
+
+    try:
+        price = load_gpu(config["hardware"]).price_per_gpu_hour_usd
+    except (ValueError, OSError):
+        return None
+    par = config["parallelism"]
+    if price is None or not output_throughput > 0:
+        return None
+    return price * par["tp"] * par["replicas"] / (output_throughput * 3600) * 1e6
+
+
+@dataclass
+class _Prober:
+    """Runs probes (cached in ``folder/probes``), checks them and keeps the search trace."""
+
+    folder: Path
+    base_dir: str
+    slos: Slos
+    pool: ProcessPoolExecutor | None
+    show: Callable[..., None]
+    pad: int
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    seen: dict[float, dict[str, Any]] = field(default_factory=dict)
+
+    def summaries(self, t: Target, rates: list[float]) -> list[dict[str, Any]]:
+        """The summary of each probe, simulated (in parallel with a pool) unless cached."""
+        paths = [self.folder / "probes" / f"{run_id(t.at(r))}.json" for r in rates]
+        todo = [(t.at(r), self.base_dir) for r, p in zip(rates, paths, strict=True)
+                if not p.exists()]
+        new = iter(self.pool.map(probe, *zip(*todo, strict=True)) if self.pool and todo
+                   else [probe(*a) for a in todo])
+        for path in paths:
+            if not path.exists():
+                write_json(path, next(new))
+        return [read_json(path) for path in paths]
+
+    def evaluate(self, t: Target, rates: list[float], phase: str) -> list[bool]:
+        """Probe ``rates`` of target ``t``; print and record each; return pass/fail."""
+        cols, result = self.slos.columns(), []
+        for r, s in zip(rates, self.summaries(t, rates), strict=True):
+            ok, why = self.slos.check(s)
+            self.seen[r] = s
+            self.trace.append({"label": t.label, **t.swept, "phase": phase, "rate": r,
+                               "passed": ok, "why": why,
+                               **{c: s.get(c) for c in cols + list(SHOWN)},
+                               **{c: s.get(c) for c in ("completed", "num_unfinished",
+                                                        "num_rejected")}})
+            values = "  ".join(f"{c}={fmt_value(s.get(c))}" for c in cols)
+            self.show(f"  {t.label:<{self.pad}}  {phase:<7} rate={r:<8.4g} " + values
+                      + ("  pass" if ok else f"  FAIL: {why}"), flush=True)
+            result.append(ok)
+        return result
+
+    def row(self, t: Target, rate: float, status: str) -> dict[str, Any]:
+        """The capacity.csv row of target ``t``."""
+        s, par = self.seen.get(rate, {}), t.config["parallelism"]
+        return {"label": t.label, "policy": t.config["policy"].get("name"), **t.swept,
+                "rate_key": t.key, "max_rate": rate, "status": status,
+                **{c: s.get(c, math.nan) for c in list(SHOWN) + self.slos.columns()},
+                "gpus": par["tp"] * par["replicas"], "hardware": t.config["hardware"],
+                "cost_per_mtok_usd": cost_per_mtok(t.config, s.get("output_throughput", 0.0))}
+
+
+def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
+                 overrides: list[str] | None = None, out: str | Path | None = None,
+                 tolerance: float = 0.05, jobs: int = 1, quiet: bool = False) -> pd.DataFrame:
+    """Search the capacity of every policy of ``config``; write capacity.csv and search.csv
+    into ``out`` (default ``runs/<name>-capacity``) and return the capacity table."""
+    from sim.experiments.config import RunSpec
+    from sim.experiments.run import preflight, stop_pool, worker_init
+
+    if not 0.001 <= tolerance <= 0.5:
+        raise CapacityError(f"--tolerance: must be in [0.001, 0.5], got {tolerance:g}")
+    if jobs < 1:
+        raise CapacityError(f"--jobs: must be >= 1, got {jobs}")
+    path = Path(config)
+    slos = parse_slos(slo, attainment)
+    base, targets = find_targets(path, overrides or [], slos)
+    base_dir = str(path.resolve().parent)
+    preflight([RunSpec(t.at(t.start), t.swept, t.label) for t in targets], Path(base_dir),
+              str(path))
+    folder = Path(out) if out else Path("runs") / f"{base['name']}-capacity"
+    show = (lambda *a, **k: None) if quiet else print
+    show(f"capacity: {base['name']}: {len(targets)} search(es) over {targets[0].key}; pass = "
+         f"every request finished and {slos.describe()}")
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=worker_init) if jobs > 1 else None
+    prober = _Prober(folder, base_dir, slos, pool, show, max(len(t.label) for t in targets))
+    rows = []
+    try:
+        for t in targets:
+            rate, status = search(t.start, tolerance, jobs, partial(prober.evaluate, t))
+            rows.append(prober.row(t, rate, status))
+    except BaseException:
+        if pool is not None:
+            stop_pool(pool)
+        raise
+    if pool is not None:
+        pool.shutdown()
+    table = pd.DataFrame(rows)
+    write_text(folder / "capacity.csv", table.to_csv(index=False))
+    write_text(folder / "search.csv", pd.DataFrame(prober.trace).to_csv(index=False))
+    shown = table.drop(columns=["rate_key", "hardware", "policy"])
+    shown["cost_per_mtok_usd"] = [f"{v:.3f}" if v is not None and v == v else "n/a"
+                                  for v in table["cost_per_mtok_usd"]]
+    show("\n" + shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    show(f"\nwrote {folder / 'capacity.csv'} and {folder / 'search.csv'}")
+    return table
