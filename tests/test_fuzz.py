@@ -1,6 +1,6 @@
 """Fuzzing the input layer: whatever a user feeds ``batchsim``, it runs or says why in one line.
 
-The contract (DESIGN section 8) for every config file, ``--set`` override and trace file:
+The public contract for every config file, ``--set`` override and trace file:
 
 - either the run succeeds — exit 0, ``summary.csv`` written, every run folder finished
   (``summary.json``, no ``error.txt``), every request finished with all its tokens or rejected

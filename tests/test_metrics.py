@@ -1,4 +1,4 @@
-"""The metrics contract: names (DESIGN section 5, ``vllm bench serve``) and hand-computed values.
+"""The metrics contract: names (as in ``vllm bench serve``) and hand-computed values.
 
 Every expected number below is worked out by hand from a timeline with ``ConstantCost`` steps
 of 1 s, so each test doubles as the definition of its metric:

@@ -6,8 +6,6 @@ stretch costs is counted in policy calls, not seconds.
 """
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,41 +14,19 @@ import sim
 from policies import make_policy
 from sim.core.types import StepCost
 from sim.metrics.summary import STEP_COLUMNS, StepLog
-from sim.workload.build import build_workload_arrays
-
-#: (steps hash, requests hash, preemptions, p99 ITL ms) of the config below, computed with the
-#: engine as it was before the speed work (commit before docs/performance.md).
-#: A golden test: a change of the cost model or its calibration legitimately changes them.
-#: Both steps hashes changed once, on purpose: skipped steps now record their
-#: clock interval (end - start) as ``duration_s``, as stepped ones always did, instead of the
-#: cost model's seconds (the two can differ in the last bit); every other column is unchanged.
-PINNED = {
-    "continuous": ("8998909695605646", "2878938383e3638c", 6, 66.27785831410549),
-    "chunked_prefill": ("eb0a7eec864c731e", "7ee6c0292065f323", 158, 12.274519029615405),
-}
-POLICIES = {"continuous": {"name": "continuous", "max_num_seqs": 32},
-            "chunked_prefill": {"name": "chunked_prefill", "token_budget": 256,
-                                "max_num_seqs": 32}}
+from tests import golden
 
 
-def _hash(df: pd.DataFrame) -> str:
-    # Text with round-trip float precision: independent of pandas' internal hashing.
-    text = df.to_csv(index=False, float_format="%.17g", lineterminator="\n")
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@pytest.mark.parametrize("name", sorted(PINNED))
+@pytest.mark.parametrize("name", sorted(golden.CASES))
 def test_outputs_bit_identical_to_pinned(name: str) -> None:
-    arrays = build_workload_arrays({"arrival": {"process": "poisson", "rate": 14.0},
-                                    "num_requests": 200,
-                                    "lengths": {"dist": "empirical", "trace": "azure-conv"}},
-                                   np.random.default_rng(3))
-    cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engine="vllm")
-    res = sim.simulate(arrays.to_requests(), policy=POLICIES[name], cost=cost,
-                       kv={"block_size": 16, "num_blocks": 1500})
-    got = (_hash(res.steps), _hash(res.requests), res.summary["num_preemptions"],
-           res.summary["p99_itl_ms"])
-    assert got == PINNED[name]
+    """The golden cases' tables equal their pinned hashes (``tests/golden/outputs.json``, taken
+    before the hot path was optimized). After a deliberate change of the cost model or a metric,
+    ``python tests/golden.py`` prints what changed and ``--write`` re-pins it.
+
+    The steps hashes changed once, on purpose: skipped steps now record their clock interval
+    (end - start) as ``duration_s``, as stepped ones always did, instead of the cost model's
+    seconds (the two can differ in the last bit); every other column is unchanged."""
+    assert golden.compute(name) == golden.load()[name]
 
 
 def test_steady_decode_stretch_costs_constant_policy_calls() -> None:

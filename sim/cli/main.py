@@ -38,13 +38,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """``batchsim plot DIR``: redraw plots and report.md from a finished output folder."""
-    from sim.experiments.config import ConfigError
     from sim.report.markdown import regenerate
 
     try:
         regenerate(Path(args.dir))
-    except (ValueError, FileNotFoundError) as e:
-        raise ConfigError(str(e)) from None
+    except FileNotFoundError as e:  # a file of the folder vanished: the user's folder is bad
+        raise InputError(str(e)) from None
     print(f"wrote {Path(args.dir) / 'report.md'} and {Path(args.dir) / 'plots'}")
     return 0
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.core.errors import InputError
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -157,9 +159,9 @@ class BatchShape:
         nt = np.asarray(new_tokens, dtype=np.int64)
         cl = np.asarray(context_lens, dtype=np.int64)
         if nt.shape != cl.shape or nt.ndim != 1:
-            raise ValueError("new_tokens and context_lens must be 1-D lists of equal length")
+            raise InputError("new_tokens and context_lens must be 1-D lists of equal length")
         if nt.size and (nt.min() < 1 or (cl < nt).any()):
-            raise ValueError("each row needs new_tokens >= 1 and context_len >= new_tokens")
+            raise InputError("each row needs new_tokens >= 1 and context_len >= new_tokens")
         return BatchShape(nt, cl, int(num_padding_tokens))
 
     @property

@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from sim.core.errors import InputError
 from sim.core.types import BatchShape, StepCost
 
 #: Shortest step an analytic model may take: below it float time (ulp ~1e-7 s at t ~ 1e9 s,
@@ -55,7 +56,7 @@ class CostModel(Protocol):
 
 def step_series(cost: CostModel, shape: BatchShape, num_steps: int) -> StepSeries:
     """``cost.step_series`` when the model has one, else repeated ``step`` calls (the one
-    method DESIGN requires of a cost model is ``step``)."""
+    method every cost model must have is ``step``)."""
     method = getattr(cost, "step_series", None)
     if method is not None:
         return method(shape, num_steps)
@@ -99,8 +100,8 @@ class ConstantCost(ShapeCost):
     def __post_init__(self) -> None:
         object.__setattr__(self, "step_s", float(self.step_s))  # an int literal stays exact
         if not MIN_STEP_S <= self.step_s <= MAX_STEP_S:
-            raise ValueError(f"cost.step_s: must be in [{MIN_STEP_S:g}, {MAX_STEP_S:g}] s, got "
-                             f"{self.step_s:g}")
+            raise InputError(f"must be in [{MIN_STEP_S:g}, {MAX_STEP_S:g}] s, got "
+                             f"{self.step_s:g}", field="cost.step_s")
 
     def step(self, shape: BatchShape) -> StepCost:
         """Always ``step_s``."""
@@ -140,10 +141,12 @@ class LinearCost(ShapeCost):
             value = float(getattr(self, name))
             object.__setattr__(self, name, value)
             if not 0 <= value <= MAX_STEP_S:
-                raise ValueError(f"cost.{name}: must be in [0, {MAX_STEP_S:g}] s, got {value:g}")
+                raise InputError(f"must be in [0, {MAX_STEP_S:g}] s, got {value:g}",
+                                 field=f"cost.{name}")
         if self.base_s + self.per_token_s + self.per_seq_s < MIN_STEP_S:
-            raise ValueError(f"cost.base_s: a one-token step would take less than {MIN_STEP_S:g}"
-                             " s; give base_s, per_token_s or per_seq_s a positive value")
+            raise InputError(f"a one-token step would take less than {MIN_STEP_S:g} s; give "
+                             "base_s, per_token_s or per_seq_s a positive value",
+                             field="cost.base_s")
 
     def step(self, shape: BatchShape) -> StepCost:
         """Linear in tokens computed and rows in the batch."""

@@ -11,22 +11,24 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 import simpy
 
 from policies import make_policy
+from policies.continuous import ContinuousBatching
 from policies.registry import Policy
 from sim.core.arrays import TraceArrays
+from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
 from sim.cost.base import CostModel
 from sim.engine import fastkernel
 from sim.engine.fastpath import FastResult, fast_path_blocker, run_continuous
 from sim.engine.replica import Replica
-from sim.kv.config import KVConfig, resolve_kv
+from sim.kv.config import AUTO, KVConfig, resolve_kv
 from sim.metrics.summary import (
     StepLog,
     canonical_irregular,
@@ -53,6 +55,8 @@ class SimResult:
     irregular_itl_runs: tuple[np.ndarray, np.ndarray] = field(
         default_factory=lambda: (np.empty(0), np.empty(0, dtype=np.int64)))
     kv: KVConfig | None = None
+    #: The engine overhead profile the cost model applied (``"none"``: an analytic model).
+    engine_profile: str = "none"
 
     @property
     def irregular_itl(self) -> list[float]:
@@ -62,7 +66,8 @@ class SimResult:
 
 
 def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any] | str | Policy,
-             cost: CostModel, kv: Mapping[str, Any] | KVConfig | None = None, seed: int = 0,
+             cost: CostModel, kv: Mapping[str, Any] | KVConfig | str | None = AUTO,
+             seed: int = 0,
              *, num_replicas: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0,
              slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
              checks: bool = False, event_skipping: bool = True,
@@ -75,7 +80,10 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     the row numbers), which spares a million-request run its ``Request`` objects.
 
     ``policy`` is a registry spec such as ``{"name": "continuous", "max_num_seqs": 64}``;
-    each replica gets its own instance. ``kv=None`` means unlimited KV. ``seed`` is recorded
+    each replica gets its own instance. ``kv`` is a ``kv`` block as in the YAML (same keys,
+    checks and defaults); ``None`` means unlimited KV; the default, ``"auto"``, is what a YAML
+    without ``kv:`` gets (capacity from the hardware profile; unlimited for an analytic cost
+    model). ``seed`` is recorded
     and reserved for stochastic policies (the engine itself draws nothing at random).
     ``checks`` turns on deep per-step invariant checks (used by the tests).
     ``event_skipping`` lets steady decode stretches advance in one event (exact; off for
@@ -87,18 +95,18 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     batching, vLLM or Orca mode, paged KV with recompute) use it; ``False`` forces the general
     engine. ``True`` runs replicas with at least ``COMPILED_MIN_REQUESTS`` requests in vLLM mode
     (roofline, constant or linear cost) through the compiled kernel (``sim.engine.fastkernel``) and
-    the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose     one of the two whatever
+    the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose one of the two whatever
     the size (``"compiled"`` falls back to interpreted where the kernel does not apply). All give
     the same results, bit for bit.
     """
     if fast_path not in _FAST_PATH_CHOICES:
-        raise ValueError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
+        raise InputError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
                          f"got {fast_path!r}")
     if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        raise InputError(f"num_replicas must be >= 1, got {num_replicas}")
     kv_config = resolve_kv(kv, cost)
-    if max_model_len == "model":
-        max_model_len = getattr(getattr(cost, "model", None), "max_position_embeddings", None)
+    limit: int | None = (getattr(getattr(cost, "model", None), "max_position_embeddings", None)
+                         if max_model_len == "model" else max_model_len)  # type: ignore[assignment]
     # Policies keep per-replica state (a static batch in flight): one instance per replica.
     policies = [make_policy(policy if k == 0 or not isinstance(policy, Policy)
                             else copy.deepcopy(policy)) for k in range(num_replicas)]
@@ -109,7 +117,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         cols = _arrival_columns(requests)
         logs = [StepLog() for _ in policies]
         outs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
-                          fast_path, max_model_len=max_model_len, horizon_s=horizon_s,
+                          fast_path, max_model_len=limit, horizon_s=horizon_s,
                           deadline=deadline) for k in range(num_replicas)]
         table = _fast_request_table(cols, outs)
     else:
@@ -117,11 +125,11 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
             requests = requests.to_requests()
         reqs = sorted(requests, key=_ARRIVAL_ORDER)
         if len({r.id for r in reqs}) != len(reqs):
-            raise ValueError("request ids must be unique")
+            raise InputError("request ids must be unique")
         logs = [StepLog()]
         table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
                             horizon_s=horizon_s, event_skipping=event_skipping,
-                            max_model_len=max_model_len, deadline=deadline)
+                            max_model_len=limit, deadline=deadline)
     if len(logs) == 1:
         steps = logs[0].table()
     else:  # an idle replica's empty table would turn the integer columns into floats
@@ -140,7 +148,13 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         kv_block_size=kv_config.block_size)
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
-    return SimResult(table, steps, summary, (gaps, counts), kv_config)
+    return SimResult(table, steps, summary, (gaps, counts), kv_config, engine_profile(cost))
+
+
+def engine_profile(cost: CostModel) -> str:
+    """The engine overhead profile a cost model applies (``"none"`` for analytic models)."""
+    engine = getattr(cost, "engine", None)
+    return str(getattr(engine, "name", engine)) if engine is not None else "none"
 
 
 _FAST_PATH_CHOICES = (True, False, "compiled", "interpreted")
@@ -153,15 +167,17 @@ def _run_fast(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Po
     """Run replica ``k``'s round-robin share on the fast path, compiled or interpreted."""
     arrival, prompt, out = (cols[name][k::num_replicas] for name in
                             ("arrival_s", "num_prompt_tokens", "num_output_tokens"))
-    kw = {"max_model_len": max_model_len, "horizon_s": horizon_s, "deadline": deadline,
-          "replica": k}
     large = len(arrival) >= fastkernel.COMPILED_MIN_REQUESTS
     if ((choice == "compiled" or (choice is True and large))
             and not fastkernel.compiled_blocker(policy, cost, len(arrival))):
-        return fastkernel.run_continuous_compiled(arrival, prompt, out, policy, cost, kv, log,
-                                                  **kw)
-    return run_continuous(arrival.tolist(), prompt.tolist(), out.tolist(), policy, cost, kv,
-                          log, **kw)
+        return fastkernel.run_continuous_compiled(
+            arrival, prompt, out, policy, cost, kv, log, max_model_len=max_model_len,
+            horizon_s=horizon_s, deadline=deadline, replica=k)
+    # fast_path_blocker admitted only continuous batching onto this path
+    return run_continuous(arrival.tolist(), prompt.tolist(), out.tolist(),
+                          cast(ContinuousBatching, policy), cost, kv, log,
+                          max_model_len=max_model_len, horizon_s=horizon_s, deadline=deadline,
+                          replica=k)
 
 
 def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv: KVConfig,
@@ -194,7 +210,7 @@ def _arrival_columns(requests: Sequence[Request] | TraceArrays) -> dict[str, np.
                 (("id", np.int64), ("arrival_s", np.float64), ("num_prompt_tokens", np.int64),
                  ("num_output_tokens", np.int64))}
         if len(np.unique(cols["id"])) != n:
-            raise ValueError("request ids must be unique")
+            raise InputError("request ids must be unique")
     order = np.lexsort((cols["id"], cols["arrival_s"]))
     if n > 1 and (np.diff(order) > 0).all():  # already in order: no copies
         return {k: np.asarray(v) for k, v in cols.items()}

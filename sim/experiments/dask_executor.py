@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sim.core.errors import InputError
 from sim.experiments.runner import execute_run
 
 
@@ -20,7 +21,7 @@ def run_on_dask(args: list[tuple[dict[str, Any], str, str]], address: str | None
     try:
         from dask.distributed import Client, LocalCluster, as_completed
     except ImportError:
-        raise ValueError("--executor dask: dask[distributed] is not installed "
+        raise InputError("--executor dask: dask[distributed] is not installed "
                          "(pip install 'batchsim[dask]')") from None
     cluster = None
     if address:

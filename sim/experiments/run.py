@@ -17,10 +17,18 @@ from typing import Any, Protocol
 import pandas as pd
 import yaml
 
+from sim.core.errors import InputError
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
 from sim.experiments.progress import Progress
 from sim.experiments.results import read_json, write_text
-from sim.experiments.runner import build_cost, build_requests, execute_run, kv_spec, run_id
+from sim.experiments.runner import (
+    build_cost,
+    build_requests,
+    engine_profile_of,
+    execute_run,
+    kv_spec,
+    run_id,
+)
 
 
 class ReportWriter(Protocol):
@@ -45,25 +53,21 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
         cfg = spec.config
         try:
             make_policy(cfg["policy"])
-        except ValueError as e:
-            raise ConfigError(f"{source}: {e}") from None
-        try:
-            cost = build_cost(cfg)
-        except ValueError as e:
-            where = "cost" if cfg["cost"]["kind"] != "roofline" else "model/hardware"
-            msg = str(e) if str(e).startswith("cost.") else f"{where}: {e}"
-            raise ConfigError(f"{source}: {msg}") from None
-        try:
-            resolve_kv(kv_spec(cfg), cost)
-        except ValueError as e:
-            raise ConfigError(f"{source}: {e}") from None
-        key = json.dumps([cfg["workload"], cfg["seed"]], sort_keys=True, default=str)
-        if key not in seen:
-            seen.add(key)
             try:
+                cost = build_cost(cfg)
+            except InputError as e:
+                # A profile error names a model or GPU, not a key: say which keys it came from.
+                if e.field is None:
+                    where = "cost" if cfg["cost"]["kind"] != "roofline" else "model/hardware"
+                    raise InputError(e.problem, field=where) from None
+                raise
+            resolve_kv(kv_spec(cfg), cost)
+            key = json.dumps([cfg["workload"], cfg["seed"]], sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
                 build_requests(cfg, base_dir)
-            except ValueError as e:
-                raise ConfigError(f"{source}: {e}") from None
+        except InputError as e:
+            raise ConfigError(str(e.within(source))) from None
 
 
 def clean_temp_files(out: Path) -> int:
@@ -188,8 +192,9 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
                 rid != r for r, _ in todo):
             todo.append((rid, spec.config))
     progress = Progress(base["name"], len(todo), quiet=quiet)
+    engines = ", ".join(dict.fromkeys(engine_profile_of(spec.config) for spec in runs))
     progress.message(f"batchsim: {base['name']}: {len(runs)} runs, "
-                     f"{len(runs) - len(todo)} already done")
+                     f"{len(runs) - len(todo)} already done (engine profile: {engines})")
     progress.start()
 
     def on_done(rid: str, result: dict[str, Any]) -> None:

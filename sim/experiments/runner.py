@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.core.version import __version__
 from sim.cost.base import ConstantCost, CostModel, LinearCost
@@ -33,7 +34,7 @@ def build_cost(config: dict[str, Any]) -> CostModel:
     c = config["cost"]
     if c["kind"] == "constant":
         if c["step_s"] is None:
-            raise ValueError("cost.step_s: required for the constant cost model")
+            raise InputError("required for the constant cost model", field="cost.step_s")
         return ConstantCost(step_s=c["step_s"])
     if c["kind"] == "linear":
         return LinearCost(base_s=c["base_s"], per_token_s=c["per_token_s"],
@@ -43,6 +44,12 @@ def build_cost(config: dict[str, Any]) -> CostModel:
     return build_cost_model(model=config["model"], hardware=config["hardware"],
                             tp=config["parallelism"]["tp"], engine=config["engine"],
                             weight_dtype=c["weight_dtype"], kv_dtype=c["kv_dtype"])
+
+
+def engine_profile_of(config: dict[str, Any]) -> str:
+    """The engine overhead profile a run config uses (``"none"`` for analytic cost models),
+    as ``SimResult.engine_profile`` reports it."""
+    return str(config["engine"]) if config["cost"]["kind"] == "roofline" else "none"
 
 
 def kv_spec(config: dict[str, Any]) -> dict[str, Any] | None:

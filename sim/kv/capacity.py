@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.core.errors import InputError
+
 #: Context lengths at which ``describe_capacity`` shows how many sequences fit at once.
 CONTEXTS = (1024, 4096, 8192)
 #: Activation reserve per GPU when none is given: ``RooflineCost.kv_capacity_tokens``'s default.
@@ -56,7 +58,7 @@ def kv_capacity(model: str, hardware: str, tp: int = 1, block_size: int = 16,
     from sim.cost.roofline import build_cost_model
 
     if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+        raise InputError(f"block_size must be >= 1, got {block_size}")
     cost = build_cost_model(model=model, hardware=hardware, tp=tp, kv_dtype=kv_dtype,
                             weight_dtype=weight_dtype)
     tokens = cost.kv_capacity_tokens(gpu_memory_utilization=gpu_memory_utilization,

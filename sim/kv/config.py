@@ -123,16 +123,25 @@ class KVConfig:
         return int(self.reserve_tokens or 0)
 
 
-def resolve_kv(kv: Mapping[str, Any] | KVConfig | None, cost: Any) -> KVConfig:
+#: ``sim.simulate``'s default ``kv``: what an experiment YAML without a ``kv:`` block gets.
+AUTO = "auto"
+
+
+def resolve_kv(kv: Mapping[str, Any] | KVConfig | str | None, cost: Any) -> KVConfig:
     """Turn a ``kv`` block (or ``None``: unlimited) into a ``KVConfig`` for ``cost``'s replica.
 
-    The block is validated against ``KV_FIELDS`` exactly as the YAML's is, and omitted keys take
-    the same defaults. Without ``num_blocks`` the capacity comes from the cost model
-    (``kv_capacity_tokens``: HBM × utilization − weights − activation reserve), which only a
-    roofline model knows; analytic models then need an explicit ``num_blocks``.
+    ``"auto"`` (the default of ``sim.simulate``) is the default block, as a YAML without ``kv:`` has
+    it, when the cost model knows its hardware (capacity from HBM), and unlimited for an analytic
+    cost model, which has no memory to derive a capacity from. The block is validated against
+    ``KV_FIELDS`` exactly as the YAML's is, and omitted keys take the same defaults. Without
+    ``num_blocks`` the capacity comes from the cost model (``kv_capacity_tokens``: HBM × utilization
+    − weights − activation reserve), which only a roofline model knows; analytic models then need an
+    explicit ``num_blocks``.
     """
     if isinstance(kv, KVConfig):
         return kv
+    if isinstance(kv, str) and kv == AUTO:
+        kv = {} if hasattr(cost, "kv_capacity_tokens") else None
     if kv is None:
         return KVConfig(num_blocks=UNLIMITED_BLOCKS, unlimited=True)
     if not isinstance(kv, Mapping):

@@ -287,7 +287,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
               warmup_s: float = 0.0, cooldown_s: float = 0.0,
               slos: dict[str, float] | None = None,
               kv_block_size: int | None = None) -> dict[str, float]:
-    """The summary columns of DESIGN section 5.
+    """The summary columns (each defined in docs/metrics.md).
 
     Requests are counted when they arrive inside [first arrival + ``warmup_s``, last arrival −
     ``cooldown_s``]; steps when they start inside the same window, and irregular inter-token

@@ -15,9 +15,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from sim.core.errors import InputError
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, policy_label
 from sim.experiments.results import read_table, write_text
-from sim.experiments.runner import run_id
+from sim.experiments.runner import engine_profile_of, run_id
 from sim.report import plots as P
 
 #: Report table columns (summary.csv names) and their headers.
@@ -187,6 +188,8 @@ def render_report(out: Path, base: dict[str, Any], runs: list[RunSpec], ctx: P.P
     slo = ", ".join(f"{k} ≤ {v:g}" for k, v in ctx.slos.items()) or "none"
     lines += ["## Setup", "", f"- model: {_values(df, 'model')}",
               f"- GPU: {_values(df, 'hardware')}", f"- TP: {_values(df, 'tp')}",
+              "- engine profile: " + ", ".join(dict.fromkeys(engine_profile_of(s.config)
+                                                             for s in runs)),
               f"- workload: {_trace_name(runs)}", f"- policies: {pol}", f"- SLOs: {slo}",
               f"- load axis: `{ctx.load_key}`" if ctx.load_key else "- load axis: none",
               f"- runs: {len(df)} finished of {len({run_id(s.config) for s in runs})}", ""]
@@ -235,7 +238,7 @@ def regenerate(out: Path) -> None:
     out = Path(out)
     exp, summ = out / "experiment.yaml", out / "summary.csv"
     if not (exp.is_file() and summ.is_file() and (out / "runs").is_dir()):
-        raise ValueError(f"{out}: not a batchsim output folder (needs experiment.yaml, "
+        raise InputError(f"{out}: not a batchsim output folder (needs experiment.yaml, "
                          "summary.csv and runs/)")
     try:
         doc = yaml.safe_load(exp.read_text(encoding="utf-8"))
@@ -243,13 +246,13 @@ def regenerate(out: Path) -> None:
         base, runs = expand_runs(raw, doc.get("overrides") or [],
                                  source=str(doc.get("source", exp)))
     except (yaml.YAMLError, KeyError, TypeError, ConfigError) as e:
-        raise ValueError(f"{exp}: cannot rebuild the experiment: {e}") from None
+        raise InputError(f"{exp}: cannot rebuild the experiment: {e}") from None
     try:
         summary = pd.read_csv(summ, dtype={"run_id": str})
     except pd.errors.EmptyDataError:
         summary = pd.DataFrame()
     if summary.empty or "run_id" not in summary:
-        raise ValueError(f"{summ}: no finished runs to plot")
+        raise InputError(f"{summ}: no finished runs to plot")
     summary["run_id"] = summary["run_id"].astype(str)
     known = {run_id(s.config) for s in runs}
     cols = list(summary.columns)

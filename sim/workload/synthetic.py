@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.core.errors import InputError
 from sim.workload.traces import MAX_TOKENS  # the same bound as trace files
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant")
@@ -32,17 +33,17 @@ def interarrival_gaps(process: str, rate: float, n: int, rng: np.random.Generato
                       cv: float = 1.0) -> np.ndarray:
     """``n`` interarrival gaps in seconds for ``process`` with mean ``1/rate``."""
     if rate <= 0 or not np.isfinite(rate):
-        raise ValueError(f"rate must be a finite number > 0, got {rate}")
+        raise InputError(f"rate must be a finite number > 0, got {rate}")
     if process == "poisson":
         return rng.exponential(1.0 / rate, n)
     if process == "gamma":
         if cv <= 0 or not np.isfinite(cv):
-            raise ValueError(f"cv must be a finite number > 0, got {cv}")
+            raise InputError(f"cv must be a finite number > 0, got {cv}")
         shape = 1.0 / cv**2
         return rng.gamma(shape, 1.0 / (rate * shape), n)
     if process == "constant":
         return np.full(n, 1.0 / rate)
-    raise ValueError(f"unknown arrival process {process!r}; choose from {ARRIVAL_PROCESSES}")
+    raise InputError(f"unknown arrival process {process!r}; choose from {ARRIVAL_PROCESSES}")
 
 
 def arrival_times(process: str, rate: float, rng: np.random.Generator, *,
@@ -53,9 +54,9 @@ def arrival_times(process: str, rate: float, rng: np.random.Generator, *,
     With both limits, generation stops at whichever is reached first.
     """
     if num_requests is None and duration_s is None:
-        raise ValueError("give num_requests or duration_s")
+        raise InputError("give num_requests or duration_s")
     if num_requests is not None and num_requests < 0:
-        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
+        raise InputError(f"num_requests must be >= 0, got {num_requests}")
     if num_requests is not None:
         n = num_requests
         t = np.concatenate(([0.0], np.cumsum(interarrival_gaps(process, rate, max(n - 1, 0),
@@ -93,7 +94,7 @@ def fixed(value: int, size: int) -> np.ndarray:
 def uniform(lo: int, hi: int, size: int, rng: np.random.Generator) -> np.ndarray:
     """Integers uniform on ``[lo, hi]`` inclusive."""
     if hi < lo:
-        raise ValueError(f"uniform needs lo <= hi, got lo={lo}, hi={hi}")
+        raise InputError(f"uniform needs lo <= hi, got lo={lo}, hi={hi}")
     return rng.integers(lo, hi, size, endpoint=True, dtype=np.int64)
 
 
@@ -101,9 +102,9 @@ def lognormal(size: int, rng: np.random.Generator, *, sigma: float,
               mean: float | None = None, median: float | None = None) -> np.ndarray:
     """Lognormal token counts (float): log-std ``sigma`` and the given ``mean`` or ``median``."""
     if (mean is None) == (median is None):
-        raise ValueError("lognormal needs exactly one of mean or median")
+        raise InputError("lognormal needs exactly one of mean or median")
     if sigma < 0:
-        raise ValueError(f"sigma must be >= 0, got {sigma}")
+        raise InputError(f"sigma must be >= 0, got {sigma}")
     mu = np.log(median) if median is not None else np.log(mean) - sigma**2 / 2
     return rng.lognormal(mu, sigma, size)
 
@@ -117,7 +118,7 @@ def empirical(values: np.ndarray, size: int, rng: np.random.Generator) -> np.nda
     """Resample ``values`` with replacement."""
     values = np.asarray(values)
     if values.size == 0:
-        raise ValueError("empirical distribution needs at least one value")
+        raise InputError("empirical distribution needs at least one value")
     return values[rng.integers(0, values.size, size)]
 
 
@@ -125,6 +126,6 @@ def empirical_pairs(prompt: np.ndarray, output: np.ndarray, size: int,
                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Resample (prompt, output) rows jointly, so their correlation is preserved."""
     if len(prompt) != len(output) or len(prompt) == 0:
-        raise ValueError("empirical_pairs needs two equal-length, non-empty arrays")
+        raise InputError("empirical_pairs needs two equal-length, non-empty arrays")
     idx = rng.integers(0, len(prompt), size)
     return np.asarray(prompt)[idx], np.asarray(output)[idx]
