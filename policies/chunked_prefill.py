@@ -57,7 +57,7 @@ class ChunkedPrefill(Policy):
                       f"unknown {self.ordering!r}; accepted: {tuple(ORDERINGS)}")
 
     @property
-    def max_num_batched_tokens(self) -> int:  # type: ignore[override]
+    def max_num_batched_tokens(self) -> int:  # type: ignore[override]  # read-only: derived
         """The step's token budget, declared so the engine validates every plan against it."""
         return self.token_budget
 

@@ -25,6 +25,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import TypeGuard
 
 from policies.batch_run import RunToCompletion, check_wait
 from policies.ordering import ORDERINGS
@@ -32,7 +33,7 @@ from policies.registry import Policy, check_positive, register
 from sim.core.types import Plan, SeqView, View
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -59,7 +60,7 @@ class DynamicBatching(Policy):
         if spec is None:
             return None
         if _is_count(spec):
-            width = int(spec)  # type: ignore[arg-type]
+            width = int(spec)
             return lambda s: (s.num_uncomputed - 1) // width
         bounds = list(spec) if isinstance(spec, (list, tuple)) else []
         ok = bool(bounds) and all(_is_count(b) for b in bounds) and all(
@@ -69,7 +70,7 @@ class DynamicBatching(Policy):
         return lambda s: bisect_left(bounds, s.num_uncomputed)
 
     @property
-    def max_num_seqs(self) -> int:  # type: ignore[override]
+    def max_num_seqs(self) -> int:  # type: ignore[override]  # read-only: derived
         """A batch never has more rows than ``max_batch_size``."""
         return self.max_batch_size
 

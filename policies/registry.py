@@ -74,6 +74,7 @@ def registered() -> dict[str, type[Policy]]:
 
 def policy_params(cls: type[Policy]) -> dict[str, Any]:
     """Parameter names of a policy class with their defaults."""
+    # every policy class is a dataclass, though the base class is not
     return {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
 
 

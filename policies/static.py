@@ -41,7 +41,7 @@ class StaticBatching(Policy):
         self._batch = RunToCompletion()  # per-instance: one policy object per replica
 
     @property
-    def max_num_seqs(self) -> int:  # type: ignore[override]
+    def max_num_seqs(self) -> int:  # type: ignore[override]  # read-only: derived
         """A batch never has more rows than ``batch_size``."""
         return self.batch_size
 

@@ -11,6 +11,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from sim.core.errors import InputError
 
@@ -116,7 +117,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse with the contract's error shape: one line on stderr, exit code 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         """Report a bad argument in one line (``--help`` still shows the usage)."""
         print(f"batchsim: error: {message} (see '{self.prog} --help')", file=sys.stderr)
         raise SystemExit(2)

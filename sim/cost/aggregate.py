@@ -15,9 +15,16 @@ A mixin of ``sim.cost.roofline.RooflineCost``: it reads the model's derived cons
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from sim.core.types import StepCost
+
+if TYPE_CHECKING:  # the host's types; sim.cost.roofline imports this module
+    from sim.cost.profiles import ModelSpec
+    from sim.cost.roofline import CostParams
 
 #: Query rows per prefill attention tile (FlashAttention's block size for head_dim 128).
 PREFILL_TILE_TOKENS = 128.0
@@ -26,6 +33,28 @@ _BOUND_NAMES = np.array(["compute", "memory", "comm", "overhead"], dtype=object)
 
 class AggregateSteps:
     """``RooflineCost``'s costs of pure-decode and whole-prompt batches from aggregates."""
+
+    # What the mixin reads of its host, ``RooflineCost``: fields, the constants its
+    # ``__post_init__`` derives, and three of its methods. Annotations only: no values here,
+    # and a plain class's annotations do not become fields of the dataclass that inherits it.
+    model: ModelSpec
+    tp: int
+    params: CostParams
+    _peak: float  # one GPU's dense FLOP/s for the weight dtype
+    _att_bw: float  # attention's effective HBM bytes/s
+    _attn_flops_pair: float  # attention FLOPs per (query, key) pair
+    _kv_bytes_tok_layer: float  # KV bytes per token and layer
+    _q_bytes_tok: float  # query and output bytes per token and layer
+    _hq: float  # query heads per GPU
+    _hkv: float  # KV heads per GPU
+    _split: float  # decode's split length (tokens)
+    _gqa_lat: float  # decode's head-layout swap latency (s)
+    _decode_consts: dict[int, tuple[float, ...]]  # rows -> ``decode_constants(rows)``
+    _prefill_consts: dict[tuple[int, int], tuple[float, ...]]  # (T, rows) -> dense_constants
+    _decode_fn: list[Callable[..., Any]]  # ``decode_step_function``'s closures, once built
+    _assemble: Callable[[float, int, tuple[list[float], ...]], StepCost]
+    _dense: Callable[[float, int], tuple[Any, ...]]
+    _decode_tail_s: Callable[[float, float], float]
 
     def prefill_step(self, prompts: tuple[int, ...]) -> StepCost:
         """``step`` of a batch of whole prompts (each row's context is its new tokens), with
@@ -85,7 +114,7 @@ class AggregateSteps:
             eff = p.attention_compute_eff * chunk / (chunk + p.attention_m_half)
             pad = fpp * p.attention_pad_tokens
             peak_eff = self._peak * eff
-            worst = None
+            worst: float | None = None
             for n in prompts:
                 if n == 1:
                     continue
@@ -95,6 +124,7 @@ class AggregateSteps:
                 u = (tc if tc >= tm else tm) / (self._hq * (1.0 + n / PREFILL_TILE_TOKENS))
                 if worst is None or u > worst:
                     worst = u
+            assert worst is not None  # new_pf > 0: some prompt has two tokens or more
             tail = max(tail, p.attention_prefill_par_half * worst)
             out.append([(f + pad * new_pf) / peak_eff, b / bw, f, b])
         out[-1][0] += tail
@@ -116,7 +146,8 @@ class AggregateSteps:
         steps without building per-row arrays. Models with a sliding window need the rows."""
         return self.decode_step_function()(rows, kv_tokens, c_min, c_max)
 
-    def decode_step_function(self):  # noqa: ANN201 - returns the closure described below
+    def decode_step_function(self
+                             ) -> Callable[[int, int, int, int], tuple[float, float, float, str]]:
         """``decode_step`` as a closure over this model's constants: the fast path calls it
         once per decode step, so every lookup it can avoid is bound here once."""
         fn = self._decode_fn
@@ -136,7 +167,7 @@ class AggregateSteps:
             return (tc if tc > tm else tm) / (hkv * (1.0 + c / split))
 
         tails: dict[int, float] = {}  # longest context -> decode tail (when it alone counts)
-        by_rows: dict[int, object] = {}
+        by_rows: dict[int, Callable[[int, int, int], tuple[float, float, float, str]]] = {}
 
         def constants(rows: int) -> tuple[float, ...]:
             k = consts.get(rows)
@@ -144,7 +175,7 @@ class AggregateSteps:
                 k = consts[rows] = make(rows)
             return k
 
-        def for_rows(rows: int):  # noqa: ANN202 - the closure below
+        def for_rows(rows: int) -> Callable[[int, int, int], tuple[float, float, float, str]]:
             """``decode_step`` for one batch size, its constants bound once."""
             fn = by_rows.get(rows)
             if fn is not None:
@@ -156,6 +187,7 @@ class AggregateSteps:
                             ) -> tuple[float, float, float, str]:
                 f = fpp * kv_tokens
                 b = kvt * (kv_tokens + rows_row_tok) + rows_kq
+                tail: float | None  # a float once the branch below is done
                 if uses_min:
                     tail = par_half * max(unit(float(c_max)), unit(float(c_min)))
                 else:
@@ -189,8 +221,8 @@ class AggregateSteps:
             f = fpp * kv
             b = kvt * (kv + rows_row_tok) + rows_kq
             c = (c_max + j).astype(np.float64)
-            tc = fpp * c / peak_att
-            tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
+            tc: np.ndarray = fpp * c / peak_att
+            tm: np.ndarray = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
             slow = np.where(tc > tm, tc, tm) / (hkv * (1.0 + c / split))
             if uses_min:
                 c = (c_min + j).astype(np.float64)
@@ -241,7 +273,8 @@ class AggregateSteps:
         return (self._peak, p.attention_compute_eff, p.attention_m_half,
                 p.attention_pad_tokens, self._hq, p.attention_prefill_par_half)
 
-    def decode_step_for_rows(self, rows: int):  # noqa: ANN201 - a closure
+    def decode_step_for_rows(self, rows: int
+                             ) -> Callable[[int, int, int], tuple[float, float, float, str]]:
         """``decode_step`` with ``rows`` fixed: ``f(kv_tokens, c_min, c_max)``, for callers
         that cost many decode steps of one batch size in a row."""
         self.decode_step_function()

@@ -33,12 +33,28 @@ class StepSeries:
     bound: tuple[str, ...]
 
 
+class SupportsStep(Protocol):
+    """The one method every cost model must have."""
+
+    def step(self, shape: BatchShape) -> StepCost:
+        """Cost of one forward pass over ``shape``."""
+        ...
+
+
 @runtime_checkable
 class CostModel(Protocol):
     """Anything with ``step(shape) -> StepCost``; ``step_time`` is the convenience form."""
 
-    peak_flops: float | None
-    peak_bytes_per_s: float | None
+    # read-only: a frozen dataclass (``RooflineCost``) provides them
+    @property
+    def peak_flops(self) -> float | None:
+        """Peak FLOP/s over the model's GPUs (for MFU); ``None`` for analytic models."""
+        ...
+
+    @property
+    def peak_bytes_per_s(self) -> float | None:
+        """Peak HBM bytes/s over the model's GPUs (for MBU); ``None`` for analytic models."""
+        ...
 
     def step(self, shape: BatchShape) -> StepCost:
         """Cost of one forward pass over ``shape``."""
@@ -54,13 +70,69 @@ class CostModel(Protocol):
         ...
 
 
-def step_series(cost: CostModel, shape: BatchShape, num_steps: int) -> StepSeries:
+@runtime_checkable
+class AggregateCost(SupportsStep, Protocol):
+    """The aggregate forms of ``step`` the fast paths (``sim.engine.fastpath``) cost batches
+    with, each bit-identical to ``step`` on the batch it describes. ``ConstantCost``,
+    ``LinearCost`` and ``RooflineCost`` have all three; for other models each is optional and
+    looked up by name (``decode_step`` opens the fast path, ``mixed_step`` its Orca mode,
+    ``decode_series`` its event skipping)."""
+
+    def decode_step(self, rows: int, kv_tokens: int, c_min: int, c_max: int
+                    ) -> tuple[float, float, float, str]:
+        """``(seconds, flops, bytes, bound)`` of ``rows`` one-token decodes attending
+        ``kv_tokens`` keys in all, the shortest context ``c_min``, the longest ``c_max``."""
+        ...
+
+    def decode_series(self, rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """``decode_step`` of ``k`` successive steps, every context a token longer each step,
+        as arrays ``(seconds, flops, bytes, bounds)``."""
+        ...
+
+    def mixed_step(self, dec_rows: int, dec_kv: int, dec_c_min: int, dec_c_max: int,
+                   prompts: tuple[int, ...]) -> StepCost:
+        """``step`` of ``dec_rows`` decodes (as ``decode_step``'s arguments) batched with
+        whole ``prompts`` (Orca's mixed steps)."""
+        ...
+
+
+@runtime_checkable
+class PrefillCost(Protocol):
+    """A cost model that costs whole-prompt batches without building a ``BatchShape``
+    (``RooflineCost``); optional: ``isinstance(cost, PrefillCost)`` tells."""
+
+    def prefill_cost(self, prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
+        """``(seconds, flops, bytes, bound)`` of ``step`` on a batch of whole ``prompts``."""
+        ...
+
+
+@runtime_checkable
+class KVSizedCost(Protocol):
+    """A cost model that knows its hardware's memory (``RooflineCost``), so a KV block count
+    can be derived from it; optional: ``isinstance(cost, KVSizedCost)`` tells."""
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = ...,
+                           activation_reserve_gb: float = ...) -> int:
+        """KV tokens that fit per replica after the weights and an activation reserve."""
+        ...
+
+
+def step_series(cost: SupportsStep, shape: BatchShape, num_steps: int) -> StepSeries:
     """``cost.step_series`` when the model has one, else repeated ``step`` calls (the one
     method every cost model must have is ``step``)."""
     method = getattr(cost, "step_series", None)
     if method is not None:
         return method(shape, num_steps)
-    return ShapeCost.step_series(cost, shape, num_steps)  # type: ignore[arg-type]
+    return _stepped_series(cost, shape, num_steps)
+
+
+def _stepped_series(cost: SupportsStep, shape: BatchShape, num_steps: int) -> StepSeries:
+    """Repeated ``cost.step`` calls with contexts growing by one, as a ``StepSeries``."""
+    costs = [cost.step(BatchShape(shape.new_tokens, shape.context_lens + j,
+                                  shape.num_padding_tokens)) for j in range(num_steps)]
+    return StepSeries(np.array([c.seconds for c in costs]), np.array([c.flops for c in costs]),
+                      np.array([c.bytes for c in costs]), tuple(c.bound for c in costs))
 
 
 class ShapeCost:
@@ -79,10 +151,7 @@ class ShapeCost:
 
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """Repeated ``step`` calls with contexts growing by one; models override with numpy."""
-        costs = [self.step(BatchShape(shape.new_tokens, shape.context_lens + j,
-                                      shape.num_padding_tokens)) for j in range(num_steps)]
-        return StepSeries(np.array([c.seconds for c in costs]), np.array([c.flops for c in costs]),
-                          np.array([c.bytes for c in costs]), tuple(c.bound for c in costs))
+        return _stepped_series(self, shape, num_steps)
 
     def _flat_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """Series of a model whose cost does not depend on context length."""

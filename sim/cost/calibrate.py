@@ -166,8 +166,8 @@ def _predict_gemm(theta: np.ndarray, gpu: GpuProfile, g: pd.DataFrame) -> np.nda
                       (2 * n * k + 2 * m * (n + k)) / bw) + lat_us * 1e-6
 
 
-def _predict_attention(theta: np.ndarray, gpu: GpuProfile, a: pd.DataFrame, prefill: bool
-                       ) -> np.ndarray:
+def _predict_attention(theta: np.ndarray | tuple[float, ...], gpu: GpuProfile, a: pd.DataFrame,
+                       prefill: bool) -> np.ndarray:
     """Seconds per measured attention kernel under ``theta`` (``ATTENTION_PARAMS`` order; a
     5-long theta leaves padding and occupancy out): prefill rows are ``batch_size`` causal chunks
     of ``isl`` tokens, decode rows attend ``step + 1`` keys; same formulas as ``sim.cost.roofline``,

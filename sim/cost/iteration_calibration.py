@@ -16,14 +16,19 @@ stable sort by shape) is held out; the report gives held-out and train MdAPE.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from sim.core.types import BatchShape
 from sim.cost.profiles import ProfileError
+
+if TYPE_CHECKING:  # for annotations; ``_design`` imports it where it builds models
+    from sim.cost.roofline import RooflineCost
 
 #: Columns an iteration CSV must have.
 ITERATION_COLUMNS = ("model", "hardware", "tp", "batch_size", "new_tokens", "context_tokens",
@@ -120,9 +125,11 @@ def _design(df: pd.DataFrame) -> np.ndarray:
     from sim.cost.calibrate import CalibrationError
     from sim.cost.roofline import build_cost_model
 
-    models: dict[tuple[str, str, int], object] = {}
+    models: dict[tuple[str, str, int], RooflineCost] = {}
     cols = np.empty((len(df), 4))
-    for i, r in enumerate(df.itertuples(index=False)):
+    # namedtuples whose field types pandas cannot know: load_iteration_csv checked them
+    rows: Iterator[Any] = df.itertuples(index=False)
+    for i, r in enumerate(rows):
         key = (str(r.model), str(r.hardware), int(r.tp))
         if key not in models:
             try:

@@ -177,7 +177,7 @@ class GpuProfile:
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense FLOP/s of one GPU for ``dtype``; weight-only formats (or a GPU without the
         dtype's tensor cores, e.g. fp8 on A100) compute in bf16, so they get the bf16 peak."""
-        tflops = self.peak_tflops.get(dtype) or self.peak_tflops.get("bf16")
+        tflops = self.peak_tflops.get(dtype) or self.peak_tflops["bf16"]
         return float(tflops) * 1e12
 
     @property

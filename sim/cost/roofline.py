@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any, overload
 
 import numpy as np
 
@@ -145,6 +146,15 @@ class RooflineCost(AggregateSteps, ShapeCost):
     peak_bytes_per_s: float = field(init=False)
     weight_bytes_per_gpu: float = field(init=False)
     kv_bytes_per_token: float = field(init=False)
+    # derived constants ``__post_init__`` sets besides those ``AggregateSteps`` declares:
+    # out of ``__init__``, ``repr`` and equality (the caches are no part of the model's value)
+    _gemms: tuple[_Gemm, _Gemm, _Gemm, _Gemm] = field(init=False, repr=False, compare=False)
+    _wb: float = field(init=False, repr=False, compare=False)  # weight bytes per parameter
+    _bw: float = field(init=False, repr=False, compare=False)  # effective HBM bytes/s
+    _bus: float = field(init=False, repr=False, compare=False)  # all-reduce bus bytes/s
+    _alpha: float = field(init=False, repr=False, compare=False)  # all-reduce latency (s)
+    _dense_memo: dict[tuple[float, int], tuple[Any, ...]] = field(init=False, repr=False,
+                                                                  compare=False)
 
     def __post_init__(self) -> None:
         m, tp, p = self.model, self.tp, self.params
@@ -212,6 +222,11 @@ class RooflineCost(AggregateSteps, ShapeCost):
         eff = self.compute_eff(m if m_rows is None else m_rows)
         return flops / (self._peak * eff), nbytes / self._bw, flops, nbytes
 
+    @overload
+    def _decode_unit_s(self, c: float) -> float: ...
+    @overload
+    def _decode_unit_s(self, c: np.ndarray) -> np.ndarray: ...
+
     def _decode_unit_s(self, c: float | np.ndarray) -> float | np.ndarray:
         """Seconds of one parallel unit of a decode row attending ``c`` keys: the row's time
         over its KV streams ``hkv · (1 + c / split_tokens)``. Works on floats and arrays."""
@@ -221,6 +236,11 @@ class RooflineCost(AggregateSteps, ShapeCost):
               + self._q_bytes_tok) / self._att_bw
         t = np.maximum(tc, tm) if isinstance(c, np.ndarray) else max(tc, tm)
         return t / (self._hkv * (1.0 + c / self._split))
+
+    @overload
+    def _decode_tail_s(self, c_min: float, c_max: float) -> float: ...
+    @overload
+    def _decode_tail_s(self, c_min: np.ndarray, c_max: np.ndarray) -> np.ndarray: ...
 
     def _decode_tail_s(self, c_min: float | np.ndarray, c_max: float | np.ndarray
                        ) -> float | np.ndarray:

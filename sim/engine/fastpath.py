@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from heapq import heappop, heappush
 from itertools import chain
@@ -39,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from policies.continuous import ContinuousBatching
-from sim.core.types import BatchShape
+from sim.core.types import BatchShape, StepCost
+from sim.cost.base import AggregateCost, PrefillCost
 from sim.engine.replica import never_fits
 from sim.engine.validate import EngineError
 from sim.kv.config import KVConfig
@@ -84,19 +87,22 @@ class StepCosts:
     ``step``) memoized by their prompt lengths (a cost model is a pure function of the batch
     shape), decodes from aggregates through ``cost.decode_step``."""
 
-    def __init__(self, cost: Any) -> None:
+    def __init__(self, cost: AggregateCost) -> None:
         self.cost = cost
         rows_fn = getattr(cost, "decode_step_for_rows", None)
         #: ``for_rows(rows)`` is ``decode_step`` with the batch size fixed
         self.for_rows = rows_fn if rows_fn is not None else partial(_fixed_rows, cost)
         self.uses_min = bool(getattr(cost, "decode_uses_min_context", False))
-        self.prompts = getattr(cost, "prefill_cost", None)  # ``step`` of whole prompts, a tuple
-        self._mixed = getattr(cost, "mixed_step", None)  # ... with decodes (Orca)
+        #: ``step`` of whole prompts, as a tuple, when the model has ``prefill_cost``
+        self.prompts = cost.prefill_cost if isinstance(cost, PrefillCost) else None
+        # ``step`` of decodes batched with whole prompts: Orca mode's, vLLM mode needs none
+        self._mixed: Callable[..., StepCost] | None = getattr(cost, "mixed_step", None)
         self._prefill: dict[tuple[int, ...], tuple[float, float, float, str]] = {}
 
     def mixed(self, rows: int, kv_tokens: int, c_min: int, c_max: int,
               prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
         """Cost of ``rows`` decodes batched with whole ``prompts`` (``cost.mixed_step``)."""
+        assert self._mixed is not None  # Orca mode: fast_path_blocker checked it
         s = self._mixed(rows, kv_tokens, c_min, c_max, prompts)
         return s.seconds, s.flops, s.bytes, s.bound
 
@@ -135,7 +141,8 @@ def arrival_rejections(prompt: Any, out: Any, kv: KVConfig, max_tokens: int,
     return reasons
 
 
-def _fixed_rows(cost: Any, rows: int) -> Any:
+def _fixed_rows(cost: AggregateCost, rows: int
+                ) -> Callable[[int, int, int], tuple[float, float, float, str]]:
     """``cost.decode_step`` with ``rows`` bound."""
     return partial(cost.decode_step, rows)
 
@@ -186,7 +193,9 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
     cols = log.cols
     log.zero_columns = ZERO_COLUMNS
     log.packed_int_columns, log.packed_float_columns = INT_COLUMNS, FLOAT_COLUMNS
-    put_ints, put_floats = log.packed_ints.extend, log.packed_floats.extend
+    packed_ints, packed_floats = log.packed_ints, log.packed_floats
+    assert isinstance(packed_ints, array) and isinstance(packed_floats, array)  # appendable
+    put_ints, put_floats = packed_ints.extend, packed_floats.extend
     put_bound = cols["bound"].append
     log.replica = replica
     log_irregular = log.add_irregular_itl
@@ -487,6 +496,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                 return None
         c_max = G + 1 - max_heap[0][0]
         c_min = G + 1 + top(min_heap) if uses_min else c_max
+        assert decode_series is not None  # can_stretch
         secs, flops, nbytes, bounds = decode_series(rows, key_sum + rows * (G + 1), c_min,
                                                     c_max, k)
         ends = np.cumsum(np.concatenate(([now], secs[:k])))[1:]  # the clock, as stepping adds
@@ -500,11 +510,11 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         ints[:, 0] = ints[:, 2] = ints[:, 6] = rows  # sequences, decodes, regular ITLs
         ints[:, 5] = used + grown[:k]
         ints[:, 7] = key_sum + rows * steps
-        log.packed_ints.frombytes(ints.tobytes())
+        packed_ints.frombytes(ints.tobytes())
         floats = np.empty((k, len(FLOAT_COLUMNS)))
         floats[:, 0], floats[:, 1], floats[:, 2], floats[:, 3] = (starts, durations, flops[:k],
                                                                   nbytes[:k])
-        log.packed_floats.frombytes(floats.tobytes())
+        packed_floats.frombytes(floats.tobytes())
         cols["bound"].extend(bounds[:k])
         # the decode-to-decode gaps join the monotonic stack: a new gap stays if it is larger
         # than every later one, an old entry if it is larger than all of them
@@ -572,12 +582,12 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
                 if (can_stretch and fin_heap[0][0] - G >= MIN_STRETCH
                         and (nxt >= n or arrival[nxt] - now >= MIN_STRETCH * last_secs)
                         and not (groups or queued)):
-                    end = decode_stretch(now)  # a cheap pre-check above: most steps are near
-                    # an arrival or a finish, and numpy only pays over long stretches
-                    if end is not None:  # many steps at once, up to a finish or arrival
+                    stretch_end = decode_stretch(now)  # a cheap pre-check above: most steps
+                    # are near an arrival or a finish, and numpy only pays over long stretches
+                    if stretch_end is not None:  # many steps at once, up to a finish or arrival
                         if fin_heap and fin_heap[0][0] <= G:
-                            finish_due(end)
-                        now = end
+                            finish_due(stretch_end)
+                        now = stretch_end
                         if (not running or (nxt < n and arrival[nxt] <= now)
                                 or (horizon_s is not None and now >= horizon_s)):
                             break

@@ -201,6 +201,8 @@ class Replica:
             return
         self.pool.release(seq)
         if cfg.preemption == "swap" and seq.num_computed:
+            # KVConfig refuses swap preemption without both rates
+            assert cfg.swap_s_per_token is not None and cfg.kv_bytes_per_token is not None
             self._swap_s += seq.num_computed * cfg.swap_s_per_token
             self._swap_bytes += seq.num_computed * cfg.kv_bytes_per_token
             seq.swap_out()
@@ -232,6 +234,7 @@ class Replica:
         for sid, n in plan.run.items():
             seq = running[sid]
             if seq.swapped:  # its KV comes back from host memory before the step
+                assert cfg.swap_s_per_token is not None and cfg.kv_bytes_per_token is not None
                 self._swap_s += seq.num_computed * cfg.swap_s_per_token
                 self._swap_bytes += seq.num_computed * cfg.kv_bytes_per_token
                 seq.swapped = False

@@ -7,7 +7,7 @@ included), which is what makes the checks exact.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from sim.core.types import Plan, View
 
@@ -19,7 +19,7 @@ class EngineError(RuntimeError):
     """A policy returned a plan that breaks an engine rule (names the policy and the rule)."""
 
 
-def fail(rep: Replica, now: float, rule: str) -> None:
+def fail(rep: Replica, now: float, rule: str) -> NoReturn:
     """Raise the error for ``rule`` broken by ``rep``'s policy at ``now``."""
     raise EngineError(f"policy {rep.policy.name!r} at t={now:.6f}s broke a rule: {rule}")
 

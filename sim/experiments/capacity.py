@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import pandas as pd
 
@@ -103,6 +103,14 @@ def _round(rate: float) -> float:
 def probe(config: dict[str, Any], base_dir: str) -> dict[str, Any]:
     """Simulate one probe and return its summary (a picklable top-level function)."""
     return simulate_config(config, Path(base_dir)).summary
+
+
+@overload
+def _walk(rates: list[float], oks: list[bool], up: bool, lo: float, hi: float
+          ) -> tuple[float, float]: ...
+@overload
+def _walk(rates: list[float], oks: list[bool], up: bool, lo: float | None, hi: float | None
+          ) -> tuple[float | None, float | None]: ...
 
 
 def _walk(rates: list[float], oks: list[bool], up: bool, lo: float | None,

@@ -81,7 +81,8 @@ class BlockPool:
         private = seq.num_blocks - seq.num_shared
         self.free += private
         self.used -= private
-        if seq.num_shared:
+        if seq.num_shared:  # shared blocks come from the prefix cache, under the prefix id
+            assert self.cache is not None and seq.req.prefix_id is not None
             self.used -= self.cache.release(seq.req.prefix_id, seq.num_shared)
         self.charged -= seq.num_blocks
         seq.num_blocks = seq.num_shared = 0
@@ -101,6 +102,7 @@ class BlockPool:
 
     def pin(self, seq: Seq, num_blocks: int) -> None:
         """Make ``seq`` (holding nothing yet) hold the first ``num_blocks`` cached blocks."""
+        assert self.cache is not None and seq.req.prefix_id is not None  # as ``hit_blocks`` found
         self.used += self.cache.acquire(seq.req.prefix_id, num_blocks)
         seq.num_blocks = seq.num_shared = num_blocks
         self.charged += num_blocks

@@ -14,6 +14,7 @@ from typing import Any
 
 from sim.core.errors import InputError
 from sim.core.fields import INT, NUM, OPT, STR, Key, validate_fields
+from sim.cost.base import KVSizedCost
 
 #: Blocks given to an "unlimited" cache: large enough never to bind, small enough for int64 math.
 UNLIMITED_BLOCKS = 1 << 40
@@ -141,7 +142,7 @@ def resolve_kv(kv: Mapping[str, Any] | KVConfig | str | None, cost: Any) -> KVCo
     if isinstance(kv, KVConfig):
         return kv
     if isinstance(kv, str) and kv == AUTO:
-        kv = {} if hasattr(cost, "kv_capacity_tokens") else None
+        kv = {} if isinstance(cost, KVSizedCost) else None
     if kv is None:
         return KVConfig(num_blocks=UNLIMITED_BLOCKS, unlimited=True)
     if not isinstance(kv, Mapping):
@@ -152,7 +153,7 @@ def resolve_kv(kv: Mapping[str, Any] | KVConfig | str | None, cost: Any) -> KVCo
         return KVConfig(num_blocks=UNLIMITED_BLOCKS, unlimited=True)
     num_blocks = block["num_blocks"]
     if num_blocks is None:
-        capacity = getattr(cost, "kv_capacity_tokens", None)
+        capacity = cost.kv_capacity_tokens if isinstance(cost, KVSizedCost) else None
         if capacity is None:
             raise InputError("required when the cost model has no hardware profile to derive "
                              "KV capacity from", field="kv.num_blocks")

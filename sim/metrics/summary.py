@@ -50,6 +50,12 @@ def _put(col: array, values: Any, k: int) -> None:
         col.extend(array(col.typecode, (values,)) * k)
 
 
+def _numpy(a: array) -> np.ndarray:
+    """A typed column as numpy: a view of its buffer (an empty array when it has none)."""
+    dtype = np.float64 if a.typecode == "d" else np.int64
+    return np.frombuffer(a, dtype=dtype) if a else np.empty(0, dtype=dtype)
+
+
 @dataclass
 class StepLog:
     """Typed column arrays of per-step records plus the irregular inter-token gaps.
@@ -70,8 +76,9 @@ class StepLog:
     #: one ``append`` per column: a fast path's hot loop); ``table()`` views them strided.
     packed_int_columns: tuple[str, ...] = ()
     packed_float_columns: tuple[str, ...] = ()
-    packed_ints: array = field(default_factory=lambda: array("q"))
-    packed_floats: array = field(default_factory=lambda: array("d"))
+    #: The packed rows: ``array``s a run appends to, or numpy rows a compiled run hands over.
+    packed_ints: array | np.ndarray = field(default_factory=lambda: array("q"))
+    packed_floats: array | np.ndarray = field(default_factory=lambda: array("d"))
     irregular_itl: array = field(default_factory=lambda: array("d"))
     irregular_itl_at: array = field(default_factory=lambda: array("d"))
     irregular_itl_count: array = field(default_factory=lambda: array("q"))
@@ -92,10 +99,8 @@ class StepLog:
 
     def irregular_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(gaps, token times, counts, replicas)`` of the irregular gaps, as numpy."""
-        return tuple(np.frombuffer(a, dtype=np.float64 if a.typecode == "d" else np.int64)
-                     if a else np.empty(0, dtype=np.float64 if a.typecode == "d" else np.int64)
-                     for a in (self.irregular_itl, self.irregular_itl_at,
-                               self.irregular_itl_count, self.irregular_itl_replica))
+        return (_numpy(self.irregular_itl), _numpy(self.irregular_itl_at),
+                _numpy(self.irregular_itl_count), _numpy(self.irregular_itl_replica))
 
     def record(self, replica: int, start: float, duration: float, num_seqs: int,
                num_prefill: int, num_decode: int, num_padding: int, num_padding_rows: int,

@@ -179,7 +179,7 @@ def render_report(out: Path, base: dict[str, Any], runs: list[RunSpec], ctx: P.P
     lines = [f"# {base.get('name', 'experiment')}", ""]
     if base.get("description"):
         lines += [str(base["description"]).strip(), ""]
-    policies = {}
+    policies: dict[str, list[str]] = {}
     for spec in runs:
         policies.setdefault(spec.label, []).append(
             json.dumps(spec.config.get("policy"), default=str))

@@ -146,8 +146,8 @@ def plot_latency_vs_load(ctx: PlotContext, path: Path) -> Path:
                   ["p50", "p99"])
         _auto_log(ax, ctx.summary[[f"median_{key}_ms", f"p99_{key}_ms"]].to_numpy(float))
         ax.set_title(f"{name} (ms)", fontsize=9)
-    styles = [Line2D([], [], color="gray", linestyle=ls, label=n)
-              for ls, n in (("--", "p50"), ("-", "p99"))] if ctx.has_load else []
+    styles = [Line2D([], [], color="gray", linestyle="--", label="p50"),
+              Line2D([], [], color="gray", linestyle="-", label="p99")] if ctx.has_load else []
     return _save(fig, path, "Latency vs load (p50 dashed, p99 solid)", ctx.title,
                  extra=styles)
 

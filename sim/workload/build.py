@@ -361,7 +361,8 @@ def _stamp(s: _Spec, tr: TraceArrays) -> TraceArrays:
     ten, pri = tr.tenant, tr.priority
     if tenant is not None:
         ten = np.full(len(tr), None, object) if ten is None else ten.copy()
-        ten[np.equal(ten, None)] = tenant
+        # elementwise ``== None`` over an object array; numpy's stubs refuse a None operand
+        ten[np.equal(ten, None)] = tenant  # type: ignore[call-overload]
     if prio is not None and pri is None:
         pri = np.full(len(tr), prio, np.int64)
     return replace(tr, priority=pri, tenant=ten)

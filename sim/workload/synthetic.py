@@ -105,7 +105,11 @@ def lognormal(size: int, rng: np.random.Generator, *, sigma: float,
         raise InputError("lognormal needs exactly one of mean or median")
     if sigma < 0:
         raise InputError(f"sigma must be >= 0, got {sigma}")
-    mu = np.log(median) if median is not None else np.log(mean) - sigma**2 / 2
+    if median is not None:
+        mu = np.log(median)
+    else:
+        assert mean is not None  # exactly one of the two, checked above
+        mu = np.log(mean) - sigma**2 / 2
     return rng.lognormal(mu, sigma, size)
 
 
