@@ -170,8 +170,7 @@ def test_calibration_recovers_known_parameters(tmp_path):
     from sim.cost import calibrate as cal
 
     gpu = load_gpu("h100-sxm")
-    real = pd.read_csv(cal.Path(cal.__file__).resolve().parent.parent / "hardware_profiles"
-                       / "measurements" / "h100-sxm" / "gemm.csv.gz")
+    real = pd.read_csv(cal.measurements_root() / "h100-sxm" / "gemm.csv.gz")
     truth = {"gemm": np.array([0.7, 40.0, 0.8, 4.0]),
              "attention": np.array([0.5, 300.0, 0.75, 10.0, 64.0]),
              "comm": np.array([6.0, 1.5, 0.9])}
