@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from sim.api import run_experiment
 from sim.experiments.config import expand_runs
 from sim.experiments.results import read_table
-from sim.experiments.run import run_experiment
 from sim.experiments.runner import run_id
 from sim.report.markdown import markdown_table, regenerate, write_outputs
 from sim.report.plots import downsample

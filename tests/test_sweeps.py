@@ -17,9 +17,9 @@ import yaml
 from scipy import stats
 
 import sim.experiments.runner
+from sim.api import run_experiment
 from sim.experiments.config import ConfigError, expand_runs
 from sim.experiments.progress import Progress, format_seconds
-from sim.experiments.run import run_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 
