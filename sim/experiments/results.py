@@ -5,7 +5,7 @@ Layout of an experiment output folder::
     OUT/experiment.yaml          the experiment as loaded (sweep included)
     OUT/summary.csv              one row per finished run: run_id, label, swept keys, metrics
     OUT/runs/<run_id>/config.yaml    the resolved config of that run (run_id = its hash)
-    OUT/runs/<run_id>/requests.parquet|csv, steps.parquet|csv, itl.npy
+    OUT/runs/<run_id>/requests.parquet|csv, steps.parquet|csv, itl_irregular.npy
     OUT/runs/<run_id>/summary.json   written last: its presence marks the run finished
     OUT/runs/<run_id>/error.txt      a failed run's error (the sweep goes on)
     OUT/plots/*.png, OUT/report.md

@@ -1,7 +1,7 @@
 """The experiment config schema: every key with its type, unit, default and meaning.
 
 One table drives validation, ``--set`` typing, the generated JSON Schema
-(``batchsim schema``) and the README's reference. Blocks whose contents belong to another
+(``batchsim schema``) and the docs' configuration reference. Blocks whose contents belong to another
 module (``workload``, ``policy``) are validated there, with the same dotted-path messages.
 """
 from __future__ import annotations
@@ -37,8 +37,8 @@ SCHEMA: dict[str, Any] = {
         "weight_dtype": Key(STR, "bf16", "roofline: weight dtype (bf16, fp16, fp8, int8, int4)."),
         "kv_dtype": Key(STR, "bf16", "roofline: KV-cache dtype."),
     },
-    "workload": Key(MAP, None, "Trace replay or synthetic traffic (see the README's workload "
-                    "section).", required=True),
+    "workload": Key(MAP, None, "Trace replay or synthetic traffic (see traces/README.md "
+                    "for its forms).", required=True),
     "policy": Key(MAP + STR, None, "One policy: {name: ..., params...}."),
     "policies": Key((list,), None, "Several policies compared side by side (a sweep axis)."),
     "kv": KV_FIELDS,

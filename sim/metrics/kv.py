@@ -3,7 +3,7 @@
 Computed from the per-step columns the engine logs (``kv_used_blocks``, ``kv_live_tokens``,
 ``kv_cached_blocks``, ``num_recomputed_tokens``, ``swap_s``, ``swapped_bytes``) and the
 per-request ``num_preemptions``, ``num_swaps``, ``num_cached_tokens``. Definitions (one line
-each, also in the README):
+each, also in docs/metrics.md):
 
 - ``mean_kv_live_fraction``: time-weighted tokens stored / token slots held (blocks in use ×
   block size) — how much of the memory a layout holds stores KV.

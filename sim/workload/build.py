@@ -1,6 +1,7 @@
 """Build the request list of an experiment from its ``workload:`` YAML block.
 
-Three forms, told apart by their keys (full schema in ``traces/README.md``):
+Three forms, plus ``conversations:`` (multi-turn sessions), told apart by their keys (full
+schema in ``traces/README.md``):
 
 * trace replay — ``trace:`` plus optional ``sort, start_s, duration_s, max_requests,
   rate | time_scale, max_prompt_tokens, max_output_tokens``;
