@@ -11,7 +11,9 @@ Layout of an experiment output folder::
     OUT/plots/*.png, OUT/report.md
 
 Every file is written to a temporary name in the same folder and renamed into place, so a
-crash or Ctrl-C never leaves a half-written file under its final name.
+crash or Ctrl-C never leaves a half-written file under its final name. Temporary names carry
+``TEMP_MARK`` (``.NAME.batchsim-XXXX.tmp``), so the debris of a killed run can be told apart from a
+user's own ``.*.tmp`` files and only batchsim's are cleaned.
 """
 from __future__ import annotations
 
@@ -24,19 +26,42 @@ from typing import Any
 
 import pandas as pd
 
+#: What marks a temporary file as batchsim's own: ``.NAME.batchsim-XXXX.tmp``.
+TEMP_MARK = ".batchsim-"
+#: The glob pattern of batchsim's temporary files (see ``is_temp_file``).
+TEMP_GLOB = f".*{TEMP_MARK}*.tmp"
+
+
+def is_temp_file(path: Path) -> bool:
+    """True when ``path`` is named like a temporary file of ``atomic_write``."""
+    name = path.name
+    return name.startswith(".") and name.endswith(".tmp") and TEMP_MARK in name[1:]
+
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
+    """Call ``write(tmp)`` on a temporary file beside ``path``, flush it to disk, then rename it
+    to ``path``. The temporary file is named ``.NAME.batchsim-XXXX.tmp`` (``TEMP_MARK``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARK}", suffix=".tmp",
+                               dir=path.parent)
     os.close(fd)
     try:
         write(Path(tmp))
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
+        _fsync(tmp)  # the data reaches the disk before the name does
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _fsync(path: str) -> None:
+    """Flush ``path``'s contents to disk (``write`` may have closed its own handle)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_text(path: Path, text: str) -> None:

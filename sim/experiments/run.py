@@ -20,7 +20,7 @@ import yaml
 from sim.core.errors import InputError
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
 from sim.experiments.progress import Progress
-from sim.experiments.results import read_json, write_text
+from sim.experiments.results import TEMP_GLOB, is_temp_file, read_json, write_text
 from sim.experiments.runner import (
     build_cost,
     build_requests,
@@ -71,15 +71,21 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
 
 
 def clean_temp_files(out: Path) -> int:
-    """Delete temporary files (``.NAME.*.tmp``) left under ``out`` by a killed run.
+    """Delete batchsim's temporary files (``.NAME.batchsim-XXXX.tmp``) left by a killed run.
 
-    Final names are only ever created by an atomic rename, so a temporary file is never
-    anything but debris; two commands must not share one output folder at the same time.
+    Only the folders batchsim writes into are looked at (``out``, ``out/runs/*``,
+    ``out/plots``) and only files ``atomic_write`` names are deleted: a user's own ``.*.tmp``
+    files stay. Final names are only ever created by an atomic rename, so such a temporary
+    file is never anything but debris; two commands must not share one output folder at the
+    same time. Returns how many files were deleted.
     """
+    if not out.is_dir():
+        return 0
+    folders = [out, out / "plots", *sorted(p for p in (out / "runs").glob("*") if p.is_dir())]
     count = 0
-    if out.is_dir():
-        for tmp in out.rglob(".*.tmp"):
-            if tmp.is_file():
+    for folder in folders:
+        for tmp in folder.glob(TEMP_GLOB):
+            if is_temp_file(tmp) and tmp.is_file() and not tmp.is_symlink():
                 tmp.unlink(missing_ok=True)
                 count += 1
     return count
