@@ -3,12 +3,19 @@ rejected before a simulation starts, and gzip-compressed traces load like plain 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
+import numpy as np
+import pytest
 import yaml
 
+import sim
 import sim.experiments.results as results
 from sim.api import run_experiment
+from sim.core.arrays import TraceArrays
+from sim.core.errors import InputError
+from sim.engine.inputs import request_columns
 from sim.experiments.results import atomic_write, is_temp_file, write_text
 from sim.experiments.run import clean_temp_files
 
@@ -81,3 +88,100 @@ def test_atomic_write_names_its_temporary_file_and_fsyncs_before_rename(tmp_path
     assert not is_temp_file(Path(".draft.tmp")) and not is_temp_file(Path("a.batchsim-x.tmp"))
     write_text(tmp_path / "g.txt", "hi")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt", "g.txt"]
+
+
+# --- 2. requests are validated before a simulation starts ------------------------------------
+
+def _reqs(**bad):
+    """Four good requests; ``bad`` replaces fields of the one with id 3 (position 2)."""
+    rows = [sim.Request(0, 0.0, 5, 5), sim.Request(1, 0.5, 8, 3), sim.Request(3, 1.0, 4, 4),
+            sim.Request(4, 2.0, 6, 2)]
+    rows[2] = sim.Request(**{**{"id": 3, "arrival_s": 1.0, "num_prompt_tokens": 4,
+                                "num_output_tokens": 4}, **bad})
+    return rows
+
+
+BAD_REQUESTS = [
+    ({"arrival_s": float("nan")}, "requests[2].arrival_s: must be a finite number >= 0, got nan"),
+    ({"arrival_s": float("inf")}, "requests[2].arrival_s: must be a finite number >= 0, got inf"),
+    ({"arrival_s": -1.0}, "requests[2].arrival_s: must be a finite number >= 0, got -1.0"),
+    ({"arrival_s": "1.0"}, "requests[2].arrival_s: must be a finite number >= 0, got '1.0'"),
+    ({"num_prompt_tokens": 0}, "requests[2].num_prompt_tokens: must be an integer >= 1, got 0"),
+    ({"num_output_tokens": -3}, "requests[2].num_output_tokens: must be an integer >= 1, got -3"),
+    ({"num_output_tokens": 2.0}, "requests[2].num_output_tokens: must be an integer >= 1, got 2.0"),
+    ({"num_prompt_tokens": "4"}, "requests[2].num_prompt_tokens: must be an integer >= 1, got '4'"),
+    ({"num_prompt_tokens": True},
+     "requests[2].num_prompt_tokens: must be an integer >= 1, got True"),
+]
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize(("bad", "message"), BAD_REQUESTS)
+def test_simulate_rejects_bad_requests_naming_request_and_field(bad, message, fast_path):
+    with pytest.raises(InputError) as info:
+        sim.simulate(_reqs(**bad), policy="continuous", cost=sim.ConstantCost(0.1),
+                     fast_path=fast_path)
+    assert str(info.value) == message + " (id 3)"
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_simulate_with_nan_arrival_in_columns_returns_an_error(fast_path):
+    arrays = TraceArrays.from_requests(_reqs())
+    arrival = arrays.arrival_s.copy()
+    arrival[1] = np.nan
+    with pytest.raises(InputError, match=r"^requests\[1\]\.arrival_s: must be a finite number "
+                                         r">= 0, got nan$"):
+        sim.simulate(arrays.with_arrivals(arrival), policy="continuous",
+                     cost=sim.ConstantCost(0.1), fast_path=fast_path)
+
+
+def test_columnar_token_counts_must_be_integers_at_least_one():
+    base = TraceArrays.from_requests(_reqs())
+    floats = TraceArrays(base.arrival_s, base.num_prompt_tokens.astype(float),
+                         base.num_output_tokens)
+    with pytest.raises(InputError, match=r"requests\[0\]\.num_prompt_tokens: must be an integer"):
+        request_columns(floats)
+    zero = base.num_output_tokens.copy()
+    zero[3] = 0
+    with pytest.raises(InputError, match=r"^requests\[3\]\.num_output_tokens: .* got 0$"):
+        request_columns(TraceArrays(base.arrival_s, base.num_prompt_tokens, zero))
+    # numpy integers of any width are fine, as Request fields and as columns
+    ok = request_columns(TraceArrays(base.arrival_s, base.num_prompt_tokens.astype(np.int32),
+                                     base.num_output_tokens.astype(np.uint16)))
+    assert ok["num_prompt_tokens"].dtype == np.int64
+    request_columns([sim.Request(0, np.float32(0.5), np.int32(3), np.uint8(2))])
+
+
+def test_duplicate_ids_name_both_requests():
+    reqs = [sim.Request(1, 0.0, 5, 5), sim.Request(2, 0.0, 5, 5), sim.Request(1, 1.0, 5, 5)]
+    for fast_path in (True, False):
+        with pytest.raises(InputError, match=r"^requests\[2\]\.id: request ids must be unique: "
+                                             r"1 repeats requests\[0\]$"):
+            sim.simulate(reqs, policy="continuous", cost=sim.ConstantCost(0.1),
+                         fast_path=fast_path)
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"horizon_s": float("nan")}, "horizon_s"), ({"horizon_s": -1.0}, "horizon_s"),
+    ({"wall_clock_s": float("nan")}, "wall_clock_s"),
+    ({"wall_clock_s": float("inf")}, "wall_clock_s")])
+def test_simulate_rejects_bad_run_limits(kw, field):
+    with pytest.raises(InputError, match=f"^{field}: must be"):
+        sim.simulate(_reqs(), policy="continuous", cost=sim.ConstantCost(0.1), **kw)
+
+
+def test_valid_limits_still_run():
+    res = sim.simulate(_reqs(), policy="continuous", cost=sim.ConstantCost(0.1),
+                       horizon_s=float("inf"), wall_clock_s=60.0)
+    assert res.summary["num_unfinished"] == 0
+
+
+def test_validating_a_million_columnar_requests_takes_milliseconds():
+    n = 1_000_000
+    arrays = TraceArrays(np.linspace(0.0, 1000.0, n), np.full(n, 100, dtype=np.int64),
+                         np.full(n, 50, dtype=np.int64))
+    request_columns(arrays)  # warm up
+    t0 = time.perf_counter()
+    cols = request_columns(arrays)
+    assert time.perf_counter() - t0 < 0.5  # about 10 ms; generous for a loaded machine
+    assert len(cols["id"]) == n

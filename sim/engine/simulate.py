@@ -27,6 +27,7 @@ from sim.core.types import Request
 from sim.cost.base import CostModel
 from sim.engine import fastkernel
 from sim.engine.fastpath import FastResult, fast_path_blocker, run_continuous
+from sim.engine.inputs import check_run_limits, request_columns
 from sim.engine.replica import Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
 from sim.metrics.summary import (
@@ -104,6 +105,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                          f"got {fast_path!r}")
     if num_replicas < 1:
         raise InputError(f"num_replicas must be >= 1, got {num_replicas}")
+    check_run_limits(horizon_s, wall_clock_s)
+    cols = request_columns(requests)  # every request checked before anything runs
     kv_config = resolve_kv(kv, cost)
     limit: int | None = (getattr(getattr(cost, "model", None), "max_position_embeddings", None)
                          if max_model_len == "model" else max_model_len)  # type: ignore[assignment]
@@ -114,7 +117,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     if fast_path and not fast_path_blocker(policies[0], kv_config, cost, checks=checks,
                                            event_skipping=event_skipping):
         # replicas never interact: each runs alone on its round-robin share
-        cols = _arrival_columns(requests)
+        if cols["id"].dtype == object:
+            raise InputError("must all be integers on the fast path", field="requests[].id")
+        cols = _arrival_order(cols)
         logs = [StepLog() for _ in policies]
         outs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
                           fast_path, max_model_len=limit, horizon_s=horizon_s,
@@ -124,8 +129,6 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         if isinstance(requests, TraceArrays):
             requests = requests.to_requests()
         reqs = sorted(requests, key=_ARRIVAL_ORDER)
-        if len({r.id for r in reqs}) != len(reqs):
-            raise InputError("request ids must be unique")
         logs = [StepLog()]
         table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
                             horizon_s=horizon_s, event_skipping=event_skipping,
@@ -196,25 +199,13 @@ def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv
     return request_table(sorted(seqs.values(), key=lambda s: s.req.id))
 
 
-def _arrival_columns(requests: Sequence[Request] | TraceArrays) -> dict[str, np.ndarray]:
-    """Ids, arrival times and lengths as arrays in arrival order (ties by id), without
-    ``Request`` objects when the input is columnar already (ids are then the row numbers)."""
-    if isinstance(requests, TraceArrays):
-        n = len(requests)
-        cols = {"id": np.arange(n, dtype=np.int64), "arrival_s": requests.arrival_s,
-                "num_prompt_tokens": requests.num_prompt_tokens,
-                "num_output_tokens": requests.num_output_tokens}
-    else:
-        n = len(requests)
-        cols = {name: np.fromiter(map(attrgetter(name), requests), dtype, n) for name, dtype in
-                (("id", np.int64), ("arrival_s", np.float64), ("num_prompt_tokens", np.int64),
-                 ("num_output_tokens", np.int64))}
-        if len(np.unique(cols["id"])) != n:
-            raise InputError("request ids must be unique")
+def _arrival_order(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The validated columns of ``request_columns`` (ids, arrival times, lengths) in arrival
+    order, ties by id."""
     order = np.lexsort((cols["id"], cols["arrival_s"]))
-    if n > 1 and (np.diff(order) > 0).all():  # already in order: no copies
-        return {k: np.asarray(v) for k, v in cols.items()}
-    return {k: np.asarray(v)[order] for k, v in cols.items()}
+    if len(order) > 1 and (np.diff(order) > 0).all():  # already in order: no copies
+        return cols
+    return {k: v[order] for k, v in cols.items()}
 
 
 def _fast_request_table(cols: dict[str, np.ndarray], outs: list[Any]) -> pd.DataFrame:

@@ -1,0 +1,193 @@
+"""Checks on what ``sim.simulate`` is given, done before anything runs.
+
+A NaN arrival time or a zero-token request would otherwise hang or corrupt a run, so
+``request_columns`` validates every request, vectorised with numpy so a million requests cost
+milliseconds: ``arrival_s`` finite and >= 0; ``num_prompt_tokens`` and ``num_output_tokens``
+integers (Python or numpy, not bool) >= 1; ids unique. A bad request raises ``InputError``
+naming it and the field (``requests[3].arrival_s: must be a finite number >= 0, got nan``).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from sim.core.arrays import TraceArrays
+from sim.core.errors import InputError
+from sim.core.types import Request
+
+_TOKEN_FIELDS = ("num_prompt_tokens", "num_output_tokens")
+_ARRIVAL_PROBLEM = "must be a finite number >= 0"
+_TOKEN_PROBLEM = "must be an integer >= 1"
+
+
+def request_columns(requests: Sequence[Request] | TraceArrays) -> dict[str, np.ndarray]:
+    """Ids, arrival times and lengths of valid ``requests`` as numpy arrays, in input order.
+
+    Ids are ``int64`` unless some id is not an integer (an object array then; only the general
+    engine takes such ids).
+    Raises ``InputError`` for the first bad request (by position), naming it and the field.
+    Columnar input (``TraceArrays``) has the row numbers as ids.
+    """
+    if isinstance(requests, TraceArrays):
+        return _columns_from_arrays(requests)
+    return _columns_from_requests(requests)
+
+
+def check_run_limits(horizon_s: Any, wall_clock_s: Any) -> None:
+    """Reject a ``horizon_s`` that is NaN or negative and a ``wall_clock_s`` that is not finite."""
+    if horizon_s is not None and (not _is_real(horizon_s) or math.isnan(horizon_s)
+                                  or horizon_s < 0):
+        raise InputError(f"must be a number >= 0 or None, got {_show(horizon_s)}",
+                         field="horizon_s")
+    if wall_clock_s is not None and (not _is_real(wall_clock_s)
+                                     or not math.isfinite(wall_clock_s)):
+        raise InputError(f"must be a finite number or None, got {_show(wall_clock_s)}",
+                         field="wall_clock_s")
+
+
+def _is_real(value: Any) -> bool:
+    """A real number (Python or numpy), bools excluded."""
+    return (isinstance(value, (int, float, np.integer, np.floating))
+            and not isinstance(value, (bool, np.bool_)))
+
+
+def _is_int_type(t: type) -> bool:
+    """An integer type (Python or numpy), bools excluded."""
+    return issubclass(t, (int, np.integer)) and not issubclass(t, (bool, np.bool_))
+
+
+def _is_real_type(t: type) -> bool:
+    """A real number type (Python or numpy), bools excluded."""
+    return (issubclass(t, (int, float, np.integer, np.floating))
+            and not issubclass(t, (bool, np.bool_)))
+
+
+def _show(value: Any) -> str:
+    """How a bad value reads in a message (numpy scalars as their Python value)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value) if not isinstance(value, float) else str(value)
+
+
+def _fail(where: int, ids: Any, field: str, problem: str, value: Any) -> InputError:
+    """The error for ``requests[where].field`` (its id added when it is not the position)."""
+    rid = ids[where] if ids is not None else where
+    note = "" if isinstance(rid, (int, np.integer)) and int(rid) == where else f" (id {rid!r})"
+    return InputError(f"{problem}, got {_show(value)}{note}", field=f"requests[{where}].{field}")
+
+
+def _columns_from_requests(requests: Sequence[Request]) -> dict[str, np.ndarray]:
+    """Validate a list of ``Request`` and return its columns."""
+    n = len(requests)
+    ids = list(map(attrgetter("id"), requests))
+    cols: dict[str, np.ndarray] = {}
+    arrivals = list(map(attrgetter("arrival_s"), requests))
+    bad = {t for t in set(map(type, arrivals)) if not _is_real_type(t)}
+    if bad:
+        i = next(i for i, v in enumerate(arrivals) if type(v) in bad)
+        raise _fail(i, ids, "arrival_s", _ARRIVAL_PROBLEM, arrivals[i])
+    cols["arrival_s"] = _check_arrivals(np.fromiter(arrivals, np.float64, n), arrivals, ids)
+    for name in _TOKEN_FIELDS:
+        values = list(map(attrgetter(name), requests))
+        bad = {t for t in set(map(type, values)) if not _is_int_type(t)}
+        if bad:
+            i = next(i for i, v in enumerate(values) if type(v) in bad)
+            raise _fail(i, ids, name, _TOKEN_PROBLEM, values[i])
+        try:
+            col = np.fromiter(values, np.int64, n)
+        except OverflowError:
+            i = next(i for i, v in enumerate(values) if not -2**63 <= v < 2**63)
+            raise _fail(i, ids, name, _TOKEN_PROBLEM + " and < 2**63", values[i]) from None
+        _check_tokens(col, name, values, ids)
+        cols[name] = col
+    if all(map(_is_int_type, set(map(type, ids)))):
+        try:
+            id_col = np.fromiter(ids, np.int64, n)
+        except OverflowError:
+            id_col = np.array(ids, dtype=object)
+    else:
+        id_col = np.array(ids, dtype=object)
+    if id_col.dtype == object:  # ids the fast path cannot take: only uniqueness is checked
+        seen: dict[Any, int] = {}
+        for i, rid in enumerate(ids):
+            if rid in seen:
+                raise InputError(f"request ids must be unique: {rid!r} repeats "
+                                 f"requests[{seen[rid]}]", field=f"requests[{i}].id")
+            seen[rid] = i
+    else:
+        _check_unique(id_col)
+    return {"id": id_col, **cols}
+
+
+def _columns_from_arrays(trace: TraceArrays) -> dict[str, np.ndarray]:
+    """Validate columnar requests (ids are the row numbers) and return their columns."""
+    n = len(trace)
+    arrival = np.asarray(trace.arrival_s)
+    if arrival.dtype.kind not in "iuf":
+        if arrival.dtype.kind == "O":
+            values = arrival.tolist()
+            bad = [i for i, v in enumerate(values) if not _is_real(v)]
+            if bad:
+                raise _fail(bad[0], None, "arrival_s", _ARRIVAL_PROBLEM, values[bad[0]])
+        else:
+            raise _fail(0, None, "arrival_s", _ARRIVAL_PROBLEM, arrival[0]) if n else InputError(
+                f"must be numbers, got dtype {arrival.dtype}", field="arrival_s")
+    arrival = _check_arrivals(arrival.astype(np.float64, copy=False), arrival, None)
+    cols = {"id": np.arange(n, dtype=np.int64), "arrival_s": arrival}
+    for name in _TOKEN_FIELDS:
+        col = np.asarray(getattr(trace, name))
+        if col.shape != (n,):
+            raise InputError(f"must have one value per request ({n}), got shape {col.shape}",
+                             field=name)
+        if col.dtype.kind not in "iu":
+            if col.dtype.kind != "O":
+                raise _fail(0, None, name, _TOKEN_PROBLEM, col[0]) if n else InputError(
+                    f"must be integers, got dtype {col.dtype}", field=name)
+            values = col.tolist()
+            bad = [i for i, v in enumerate(values) if not _is_int_type(type(v))]
+            if bad:
+                raise _fail(bad[0], None, name, _TOKEN_PROBLEM, values[bad[0]])
+            col = np.fromiter(values, np.int64, n)
+        elif col.dtype.kind == "u" and n and int(col.max()) >= 2**63:
+            i = int(np.argmax(col >= 2**63))
+            raise _fail(i, None, name, _TOKEN_PROBLEM + " and < 2**63", col[i])
+        col = col.astype(np.int64, copy=False)
+        _check_tokens(col, name, col, None)
+        cols[name] = col
+    return cols
+
+
+def _check_arrivals(arrival: np.ndarray, values: Any, ids: Any) -> np.ndarray:
+    """Raise for the first arrival time that is not finite or is negative."""
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.isfinite(arrival) & (arrival >= 0))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _fail(i, ids, "arrival_s", _ARRIVAL_PROBLEM, values[i])
+    return arrival
+
+
+def _check_tokens(col: np.ndarray, name: str, values: Any, ids: Any) -> None:
+    """Raise for the first token count below 1."""
+    bad = col < 1
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _fail(i, ids, name, _TOKEN_PROBLEM, values[i])
+
+
+def _check_unique(ids: np.ndarray) -> None:
+    """Raise for the first id (by position) that repeats an earlier one."""
+    if len(ids) < 2:
+        return
+    order = np.argsort(ids, kind="stable")
+    dup = ids[order[1:]] == ids[order[:-1]]
+    if dup.any():
+        later = order[1:][dup]
+        i = int(later.min())
+        first = int(np.flatnonzero(ids == ids[i])[0])
+        raise InputError(f"request ids must be unique: {int(ids[i])} repeats requests[{first}]",
+                         field=f"requests[{i}].id")
