@@ -1,6 +1,7 @@
 """Trace loaders: the three formats, built-ins, round trips and every malformed-file case."""
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -372,3 +373,58 @@ def test_column_buffer_grows_past_a_short_estimate(expected):
     for chunk in chunks:
         column.add(chunk, lambda: expected)
     assert column.values().tolist() == list(range(12))
+
+
+# --- gzip-compressed traces load exactly like the CSV they hold -------------------------------
+
+def _gzip_copy(src: Path, dest: Path) -> Path:
+    dest.write_bytes(gzip.compress(src.read_bytes(), mtime=0))
+    return dest
+
+
+@pytest.mark.parametrize("name,rows", [("sample", WHOLE), ("sample", 5), ("azure-code", WHOLE),
+                                       ("azure-code", 1000), ("azure-conv", 4099)])
+def test_gzip_trace_loads_like_the_plain_file(tmp_path, name, rows):
+    plain = resolve_trace(name)
+    packed = _gzip_copy(plain, tmp_path / f"{plain.name}.gz")
+    assert _outcome(packed, rows) == _outcome(plain, rows)
+    got, want = load_trace_arrays(packed), load_trace_arrays(plain)
+    for f in TRACE_FIELDS:
+        a, b = getattr(got, f), getattr(want, f)
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), f
+
+
+def test_gzip_is_detected_by_magic_bytes_not_the_name(tmp_path):
+    plain = resolve_trace("sample")
+    disguised = _gzip_copy(plain, tmp_path / "sample.csv")
+    assert _outcome(disguised, WHOLE) == _outcome(plain, WHOLE)
+    # and a plain file named .csv.gz is read as the plain text it is
+    named = tmp_path / "plain.csv.gz"
+    named.write_bytes(plain.read_bytes())
+    assert _outcome(named, WHOLE) == _outcome(plain, WHOLE)
+
+
+@pytest.mark.parametrize("case,rows", [*((c, WHOLE) for c in sorted(MALFORMED)),
+                                       *((c, 3) for c in sorted(LATER_CHUNK))])
+def test_gzip_trace_errors_match_the_plain_file(tmp_path, case, rows):
+    text = {**MALFORMED, **LATER_CHUNK}[case][0]
+    plain = _write(tmp_path, text, f"{case}.csv")
+    packed = _gzip_copy(plain, tmp_path / f"{case}.csv.gz")
+    kind, message = _outcome(packed, rows)
+    assert kind == "error" and "\n" not in message
+    assert message == _outcome(plain, rows)[1].replace(str(plain), str(packed))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "bad_crc"])
+def test_corrupt_gzip_is_a_one_line_error_naming_the_file(tmp_path, damage):
+    body = (NATIVE + "".join(f"{i},{i + 1},1\n" for i in range(5000))).encode()
+    packed = gzip.compress(body, mtime=0)
+    data = {"truncated": packed[:len(packed) // 2],
+            "garbage": packed[:10] + bytes(range(256)) * 4,
+            "bad_crc": packed[:-8] + bytes(4) + packed[-4:]}[damage]
+    p = _write(tmp_path, data, "broken.csv.gz")
+    with pytest.raises(TraceError) as info:
+        load_trace_arrays(p)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{p}: cannot decompress: corrupt or truncated gzip")
+    assert info.value.__cause__ is None

@@ -10,16 +10,24 @@ bytes — is a ``TraceError`` whose one-line message names the file, the 1-based
 (header = line 1, row 1 = line 2) and the column, so the CLI can print it and exit 2 instead of
 leaking a pandas traceback. Row numbers count from the top of the file whichever chunk a row
 fell in, and a file with several problems reports the one a whole-file read would.
+
+A gzip-compressed trace (recognised by its magic bytes, whatever its name; ``.csv.gz``) loads
+exactly like the CSV it holds, with the same results and messages; a corrupt one is a
+``TraceError`` naming the file.
 """
 from __future__ import annotations
 
 import csv
+import gzip
 import importlib.resources
+import io
 import warnings
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import BinaryIO, cast
 
 import numpy as np
 import pandas as pd
@@ -51,6 +59,11 @@ NATIVE_OPTIONAL = ("priority", "tenant", "prefix_id", "num_prefix_tokens")
 #: file length (2^18 loaded no faster and peaked 13-55 MB higher on 1M-row traces). A file
 #: shorter than this is read in one piece, as it was before chunking.
 CHUNK_ROWS = 1 << 17
+
+#: The first two bytes of every gzip file (RFC 1952).
+GZIP_MAGIC = b"\x1f\x8b"
+# What reading a damaged gzip stream raises (BadGzipFile is an OSError: caught before those).
+_GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
 # Columns read as text, never inferred: a tenant called "1" stays the string "1".
 _TEXT_COLUMNS = ("TIMESTAMP", "tenant", "prefix_id")
@@ -168,11 +181,35 @@ def write_native(path: str | Path, requests: Iterable[Request]) -> None:
     pd.DataFrame(data).to_csv(path, index=False, float_format="%.17g", lineterminator="\n")
 
 
+def is_gzip(path: Path) -> bool:
+    """True when ``path`` starts with the gzip magic bytes (its name does not matter)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == GZIP_MAGIC
+    except OSError:
+        return False
+
+
+def _open_bytes(path: Path) -> BinaryIO:
+    """The file's bytes, decompressed when it is gzip-compressed."""
+    if is_gzip(path):
+        return cast(BinaryIO, gzip.open(path, "rb"))
+    return open(path, "rb")
+
+
+def _corrupt_gzip(path: Path, exc: BaseException) -> TraceError:
+    """The one-line error for a gzip file that cannot be decompressed."""
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return TraceError(f"{path}: cannot decompress: corrupt or truncated gzip file ({msg})")
+
+
 def _read_header(path: Path) -> str:
     """First line of the file, decoded; empty or undecodable headers are errors."""
     try:
-        with open(path, "rb") as fh:
+        with _open_bytes(path) as fh:
             raw = fh.readline()
+    except _GZIP_ERRORS as exc:
+        raise _corrupt_gzip(path, exc) from None
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
     if not raw.strip():
@@ -198,6 +235,7 @@ def _read_chunks(path: Path, usecols: list[str], rows: int | None) -> Iterator[p
     try:
         # Only empty cells are missing: a tenant called "NA" or "null" stays a name.
         with pd.read_csv(path, dtype=dtype, encoding="utf-8-sig", index_col=False,
+                         compression="gzip" if is_gzip(path) else None,
                          skip_blank_lines=False, low_memory=False, keep_default_na=False,
                          na_values=[""], iterator=True) as reader:
             while (got := _next_chunk(reader, rows)) is not None:
@@ -211,6 +249,8 @@ def _read_chunks(path: Path, usecols: list[str], rows: int | None) -> Iterator[p
         raise TraceError(f"{path}: row {_bad_utf8_row(path)}: not valid UTF-8 text") from None
     except pd.errors.EmptyDataError:
         raise TraceError(f"{path}: empty file (expected a header line)") from None
+    except _GZIP_ERRORS as exc:
+        raise _corrupt_gzip(path, exc) from None
     except pd.errors.ParserError:
         raise TraceError(f"{path}: {_bad_width_row(path)}") from None
     except (ValueError, OSError) as exc:
@@ -241,7 +281,7 @@ def _next_chunk(reader: pd.io.parsers.TextFileReader,
 
 def _bad_width_row(path: Path) -> str:
     """Describe the first row whose field count differs from the header's (error path only)."""
-    with open(path, newline="", encoding="utf-8-sig") as fh:
+    with io.TextIOWrapper(_open_bytes(path), newline="", encoding="utf-8-sig") as fh:
         reader = csv.reader(fh)
         width = len(next(reader))
         for i, row in enumerate(reader, start=1):
@@ -252,7 +292,8 @@ def _bad_width_row(path: Path) -> str:
 
 def _bad_utf8_row(path: Path) -> int:
     """1-based data row holding the first byte that is not UTF-8 (only on the error path)."""
-    raw = path.read_bytes()
+    with _open_bytes(path) as fh:
+        raw = fh.read()
     try:
         raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -447,11 +488,16 @@ class _Scan:
     @cached_property
     def expected_rows(self) -> int:
         """About how many rows the file holds, from the line length of its first MiB."""
-        with open(self.path, "rb") as fh:
+        with _open_bytes(self.path) as fh:
             sample = fh.read(1 << 20)
         lines = max(sample.count(b"\n"), sample.count(b"\r"), 1)
+        size = self.path.stat().st_size
+        if is_gzip(self.path):  # the trailer holds the uncompressed size (modulo 2^32)
+            with open(self.path, "rb") as fh:
+                fh.seek(-4, io.SEEK_END)
+                size = max(int.from_bytes(fh.read(4), "little"), len(sample))
         # A tenth spare: a buffer's untouched tail costs address space, not memory.
-        return int(self.path.stat().st_size / (len(sample) / lines) * 1.1) + 1
+        return int(size / (len(sample) / lines) * 1.1) + 1
 
     def _note_kinds(self, frame: pd.DataFrame, blank: pd.Series) -> None:
         """Record how pandas typed each column of this chunk (see ``typed_alike``)."""
