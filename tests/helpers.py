@@ -124,3 +124,17 @@ class NoSkip(Policy):
         if getattr(plan, "steady", False):
             plan = dataclasses.replace(plan, steady=False)
         return plan
+
+
+#: A small experiment (constant-cost, 30 requests, no plots) for tests of the run machinery:
+#: sweeps, resume, output folders.
+SMALL_EXPERIMENT = {
+    "name": "small",
+    "cost": {"kind": "constant", "step_s": 0.01},
+    "kv": {"num_blocks": 400, "block_size": 16},
+    "workload": {"arrival": {"process": "poisson", "rate": 20}, "num_requests": 30,
+                 "prompt_tokens": {"dist": "uniform", "lo": 10, "hi": 200},
+                 "output_tokens": {"dist": "uniform", "lo": 2, "hi": 30}},
+    "policy": {"name": "continuous", "max_num_seqs": 8},
+    "output": {"plots": False},
+}

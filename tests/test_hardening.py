@@ -18,18 +18,7 @@ from sim.core.errors import InputError
 from sim.engine.inputs import request_columns
 from sim.experiments.results import atomic_write, is_temp_file, write_text
 from sim.experiments.run import clean_temp_files
-
-SMALL = {
-    "name": "small",
-    "cost": {"kind": "constant", "step_s": 0.01},
-    "kv": {"num_blocks": 400, "block_size": 16},
-    "workload": {"arrival": {"process": "poisson", "rate": 20}, "num_requests": 10,
-                 "prompt_tokens": {"dist": "uniform", "lo": 10, "hi": 50},
-                 "output_tokens": {"dist": "uniform", "lo": 2, "hi": 10}},
-    "policy": {"name": "continuous", "max_num_seqs": 8},
-    "output": {"plots": False},
-}
-
+from tests.helpers import SMALL_EXPERIMENT as SMALL
 
 # --- 1. only batchsim's own temporary files are cleaned ---------------------------------------
 

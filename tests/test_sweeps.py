@@ -20,19 +20,10 @@ import sim.experiments.runner
 from sim.api import run_experiment
 from sim.experiments.config import ConfigError, expand_runs
 from sim.experiments.progress import Progress, format_seconds
+from tests.helpers import SMALL_EXPERIMENT as SMALL
 
 REPO = Path(__file__).resolve().parent.parent
 
-SMALL = {
-    "name": "small",
-    "cost": {"kind": "constant", "step_s": 0.01},
-    "kv": {"num_blocks": 400, "block_size": 16},
-    "workload": {"arrival": {"process": "poisson", "rate": 20}, "num_requests": 30,
-                 "prompt_tokens": {"dist": "uniform", "lo": 10, "hi": 200},
-                 "output_tokens": {"dist": "uniform", "lo": 2, "hi": 30}},
-    "policy": {"name": "continuous", "max_num_seqs": 8},
-    "output": {"plots": False},
-}
 
 
 def write(tmp_path: Path, **changes) -> Path:
