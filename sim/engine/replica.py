@@ -433,6 +433,9 @@ class Replica:
             del self.running[seq.req.id]
             if self.listener is not None:
                 self.listener(ReplicaEvent("finish", seq.req.id, self.index, end))
+            stream = self.log.stream
+            if stream is not None:  # a bucketed step table tracks its window's last finish
+                stream.finished(seq.req.arrival_s, end)
         elif (seq.num_computed >= self.pool.config.capacity_tokens
               and seq.num_uncomputed == 1 and self._never_grows(seq)):
             del self.running[seq.req.id]
