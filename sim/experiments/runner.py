@@ -79,6 +79,7 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
                         seed=config["seed"], num_replicas=config["parallelism"]["replicas"],
                         warmup_s=config["metrics"]["warmup_s"],
                         cooldown_s=config["metrics"]["cooldown_s"], slos=slos or None,
+                        step_table=config["metrics"]["step_table"],
                         horizon_s=config["limits"]["horizon_s"],
                         wall_clock_s=config["limits"]["wall_clock_s"],
                         max_model_len=config["limits"]["max_model_len"] or "model")

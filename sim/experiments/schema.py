@@ -50,6 +50,10 @@ SCHEMA: dict[str, Any] = {
     "metrics": {
         "warmup_s": Key(NUM, 0.0, "Ignore requests arriving in the first warmup_s.", "s", 0),
         "cooldown_s": Key(NUM, 0.0, "Ignore requests arriving in the last cooldown_s.", "s", 0),
+        "step_table": Key(STR, "auto", "Per-step table: `full` (one row per step), `buckets` "
+                          "(fixed time buckets of sums, counts and maxima; flat memory) or "
+                          "`auto` (full up to 2,000,000 steps). Summaries are exact either "
+                          "way.", choices=("auto", "full", "buckets")),
     },
     "limits": {
         "horizon_s": Key(NUM + (OPT,), None, "Stop simulated time here (partial results are "

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from sim.experiments.results import atomic_write, read_table
+from sim.metrics.stream import is_bucketed, timeline_frame
 
 DPI = 110
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
@@ -277,7 +278,8 @@ def plot_timeline(steps: pd.DataFrame, path: Path, title: str,
     st = steps[steps["replica"] == steps["replica"].min()] if len(steps) else steps
     cols = ["num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_padding_tokens",
             "num_waiting", "kv_used_blocks"]
-    d = downsample(_with_idle(st), cols)
+    # a bucketed table (metrics.step_table): per-step means per bucket, idle time included
+    d = downsample(timeline_frame(st) if is_bucketed(st) else _with_idle(st), cols)
     fig, axes = _figure(1, 4, width=9.0, height=1.7)
     t = d["start_s"].to_numpy()
     axes[0].plot(t, d["num_seqs"], drawstyle="steps-post", color=COLORS[0], linewidth=0.8)

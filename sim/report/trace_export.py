@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.core.errors import InputError
 from sim.experiments.results import atomic_write
+from sim.metrics.stream import is_bucketed
 
 #: At most this many requests get async spans (the first by arrival).
 MAX_REQUESTS = 2000
@@ -103,6 +105,9 @@ def export_chrome_trace(steps: pd.DataFrame, path: Path, requests: pd.DataFrame 
     """Write ``steps`` (and optionally ``requests``) as a Chrome trace JSON at ``path``
     (atomically); return ``path``."""
     path = Path(path)
+    if is_bucketed(steps):
+        raise InputError("the run's step table is bucketed (metrics.step_table); run it with "
+                         "step_table: full to export its steps", source=str(path))
     shown = steps.head(max_steps)
     events = step_events(shown)
     other: dict[str, Any] = {"source": "batchsim", "steps_shown": len(shown),
