@@ -70,7 +70,7 @@ def test_atomic_write_names_its_temporary_file_and_fsyncs_before_rename(tmp_path
         p.write_text("data")
 
     atomic_write(tmp_path / "f.txt", write)
-    assert events == ["fsync", "replace"]
+    assert events == ["fsync", "replace", "fsync"]  # the file, then its folder entry
     assert (tmp_path / "f.txt").read_text() == "data"
     assert seen[0].name.startswith(".f.txt.batchsim-") and seen[0].name.endswith(".tmp")
     assert is_temp_file(seen[0])

@@ -1,7 +1,9 @@
 """The ``batchsim`` command line: run, plot, calibrate, capacity, profiles, trace-stats, schema.
 
-Exit codes: 0 success; 2 bad input (config, trace, arguments) with one line on stderr naming
-the file and the dotted field; 1 an internal error (a bug), with its traceback.
+Exit codes: 0 success; 2 bad input (config, trace, arguments, an unusable or busy output
+folder) with one line on stderr naming the file and the dotted field; 1 when the machine
+stopped the work (a full disk, no memory, a file limit, an unreachable cluster: one line saying
+what happened) or an internal error (a bug, with its traceback).
 """
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import argparse
 import json
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from sim.core.errors import InputError
+from sim.core.errors import InputError, environment_failure
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -39,10 +42,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """``batchsim plot DIR``: redraw plots and report.md from a finished output folder."""
+    from sim.experiments.outdir import OutputLock
     from sim.report.markdown import regenerate
 
+    folder = Path(args.dir)
     try:
-        regenerate(Path(args.dir))
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder}: no such folder")
+        with OutputLock(folder):
+            regenerate(folder)
     except FileNotFoundError as e:  # a file of the folder vanished: the user's folder is bad
         raise InputError(str(e)) from None
     print(f"wrote {Path(args.dir) / 'report.md'} and {Path(args.dir) / 'plots'}")
@@ -52,13 +60,15 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     """``batchsim trace RUN_DIR``: export one run's iterations as a Chrome/Perfetto trace."""
     from sim.experiments.config import ConfigError
+    from sim.experiments.outdir import finished_summary
     from sim.experiments.results import read_table
     from sim.report.trace_export import export_chrome_trace
 
     folder = Path(args.run_dir)
-    if not (folder / "summary.json").exists():
+    if finished_summary(folder) is None:
         raise ConfigError(f"{folder}: not a finished run folder (expected runs/<id>/ with "
-                          "summary.json)")
+                          "summary.json and intact result tables; re-run the experiment to "
+                          "redo a damaged run)")
     path = export_chrome_trace(read_table(folder / "steps"), Path(args.out or
                                folder / "trace.json"), read_table(folder / "requests"))
     print(f"wrote {path} (open it in ui.perfetto.dev or chrome://tracing)")
@@ -195,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``batchsim`` console script."""
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    if getattr(args, "quiet", False):
+        warnings.simplefilter("ignore")  # "nothing but errors"; pool workers inherit it
     try:
         return func(args)
     except KeyboardInterrupt:
@@ -204,7 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as e:
         print(f"batchsim: error: {e}".splitlines()[0], file=sys.stderr)
         return 2
-    except Exception:  # noqa: BLE001 - anything else is a bug: show it
+    except Exception as e:  # noqa: BLE001 - the machine's fault, or a bug: show it
+        failure = environment_failure(e)
+        if failure is not None:
+            print(f"batchsim: error: {failure}".splitlines()[0], file=sys.stderr)
+            return 1
         traceback.print_exc()
         print("batchsim: internal error (a bug); please report it with the traceback above",
               file=sys.stderr)

@@ -38,3 +38,44 @@ class InputError(ValueError):
         InputError.__init__(located, self.problem, source=source, field=self.field)
         return located
 
+
+
+class EnvironmentFailure(Exception):
+    """The machine stopped the work, not the input or the code: a full disk, no memory, a file
+    or process limit, an unreachable cluster, results a worker could not deliver.
+
+    ``str()`` is one line saying what happened; the CLI prints it and exits with code 1, never
+    calling it a bug. Finished runs are kept, so re-running after fixing the cause resumes.
+    """
+
+
+#: What an ``OSError`` errno means for the user (anything else shows the system's own words).
+_ERRNO_MEANING = {
+    "ENOSPC": "no space left on device",
+    "EDQUOT": "disk quota exceeded",
+    "EFBIG": "file too large (the file-size limit, ulimit -f)",
+    "EMFILE": "too many open files (the per-process limit, ulimit -n)",
+    "ENFILE": "too many open files on this system",
+    "ENOMEM": "out of memory",
+    "EROFS": "read-only file system",
+    "EIO": "input/output error (a failing disk or network filesystem)",
+    "EAGAIN": "resource temporarily unavailable (a process or thread limit, ulimit -u)",
+}
+
+
+def environment_failure(exc: BaseException) -> EnvironmentFailure | None:
+    """``exc`` as an ``EnvironmentFailure`` when it is one (out of memory, an ``OSError`` from
+    the system: disk, limits, network), else ``None`` (a bug or a user error)."""
+    import errno
+
+    if isinstance(exc, EnvironmentFailure):
+        return exc
+    if isinstance(exc, MemoryError):
+        return EnvironmentFailure("out of memory (the machine's memory or the address-space "
+                                  "limit, ulimit -v); finished runs are kept")
+    if not isinstance(exc, OSError) or isinstance(exc, InputError):
+        return None
+    code = errno.errorcode.get(exc.errno or -1, "")
+    what = _ERRNO_MEANING.get(code) or exc.strerror or str(exc) or type(exc).__name__
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    return EnvironmentFailure(f"{what}{where}; finished runs are kept, re-run to resume")

@@ -66,12 +66,22 @@ def _norm(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
+def profile_file(name_or_path: str | Path) -> Path | None:
+    """The file a profile argument names when it is an existing file (``./g.yaml``, a
+    ``config.json``); ``None`` for a built-in name or a Hugging Face id."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml", ".json")) or "/" in text:
+        return path if path.is_file() else None
+    return None
+
+
 def _read(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
     """Load the raw mapping of a profile by built-in name or file path; return it and its origin."""
     text = str(name_or_path)
     path = Path(text).expanduser()
     if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml", ".json")) or "/" in text:
-        if path.is_file():
+        if profile_file(name_or_path) is not None:
             raw = path.read_text(encoding="utf-8")
             data = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
             if not isinstance(data, dict):

@@ -35,6 +35,7 @@ from sim.metrics.stream import STEP_TABLE_CHOICES, StepStream, merge_streams
 from sim.metrics.summary import (
     StepLog,
     canonical_irregular,
+    check_measurement_window,
     request_frame,
     request_table,
     summarize,
@@ -118,6 +119,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         raise InputError(f"num_replicas must be >= 1, got {num_replicas}")
     check_run_limits(horizon_s, wall_clock_s)
     cols = request_columns(requests)  # every request checked before anything runs
+    check_measurement_window(cols["arrival_s"], warmup_s, cooldown_s)
     kv_config = resolve_kv(kv, cost)
     limit: int | None = (getattr(getattr(cost, "model", None), "max_position_embeddings", None)
                          if max_model_len == "model" else max_model_len)  # type: ignore[assignment]

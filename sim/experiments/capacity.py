@@ -25,7 +25,7 @@ import pandas as pd
 
 from sim.experiments.config import expand_runs, load_yaml, policy_label, set_dotted
 from sim.experiments.results import read_json, write_json, write_text
-from sim.experiments.runner import build_requests, run_id, simulate_config
+from sim.experiments.runner import build_requests, pin_inputs, run_id, simulate_config
 from sim.experiments.slo import PER_REQUEST, CapacityError, Slos, fmt_value, parse_slos
 
 __all__ = ["CapacityError", "Slos", "parse_slos", "run_capacity"]
@@ -91,6 +91,7 @@ def find_targets(path: Path, overrides: list[str], slos: Slos) -> tuple[dict, li
                       else cfg["workload"]["arrival"]["rate"])
         label = " ".join([policy_label(cfg["policy"])] + [f"{k}={v}" for k, v in
                                                           spec.swept.items()])
+        cfg = pin_inputs(cfg, path.resolve().parent)
         targets.append(Target(label, dict(spec.swept), cfg, key, start))
     return base, targets
 
@@ -166,6 +167,15 @@ def cost_per_mtok(config: dict[str, Any], output_throughput: float) -> float | N
     return price * par["tp"] * par["replicas"] / (output_throughput * 3600) * 1e6
 
 
+def _cached(path: Path) -> dict[str, Any] | None:
+    """A cached probe summary, or ``None`` when absent or damaged (then it is redone)."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 @dataclass
 class _Prober:
     """Runs probes (cached in ``folder/probes``), checks them and keeps the search trace."""
@@ -182,14 +192,18 @@ class _Prober:
     def summaries(self, t: Target, rates: list[float]) -> list[dict[str, Any]]:
         """The summary of each probe, simulated (in parallel with a pool) unless cached."""
         paths = [self.folder / "probes" / f"{run_id(t.at(r))}.json" for r in rates]
-        todo = [(t.at(r), self.base_dir) for r, p in zip(rates, paths, strict=True)
-                if not p.exists()]
+        cached = [_cached(p) for p in paths]
+        todo = [(t.at(r), self.base_dir) for r, c in zip(rates, cached, strict=True)
+                if c is None]
         new = iter(self.pool.map(probe, *zip(*todo, strict=True)) if self.pool and todo
                    else [probe(*a) for a in todo])
-        for path in paths:
-            if not path.exists():
-                write_json(path, next(new))
-        return [read_json(path) for path in paths]
+        out = []
+        for path, c in zip(paths, cached, strict=True):
+            if c is None:
+                c = next(new)
+                write_json(path, c)
+            out.append(c)
+        return out
 
     def evaluate(self, t: Target, rates: list[float], phase: str) -> list[bool]:
         """Probe ``rates`` of target ``t``; print and record each; return pass/fail."""
@@ -224,7 +238,8 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
     """Search the capacity of every policy of ``config``; write capacity.csv and search.csv
     into ``out`` (default ``runs/<name>-capacity``) and return the capacity table."""
     from sim.experiments.config import RunSpec
-    from sim.experiments.run import preflight, stop_pool, worker_init
+    from sim.experiments.outdir import OutputLock, output_folder
+    from sim.experiments.run import preflight
 
     if not 0.001 <= tolerance <= 0.5:
         raise CapacityError(f"--tolerance: must be in [0.001, 0.5], got {tolerance:g}")
@@ -236,7 +251,18 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
     base_dir = str(path.resolve().parent)
     preflight([RunSpec(t.at(t.start), t.swept, t.label) for t in targets], Path(base_dir),
               str(path))
-    folder = Path(out) if out else Path("runs") / f"{base['name']}-capacity"
+    folder = output_folder(out, base["name"], str(path), suffix="-capacity")
+    with OutputLock(folder):
+        return _search_all(base, targets, folder, base_dir, slos, tolerance, jobs, quiet)
+
+
+def _search_all(base: dict[str, Any], targets: list[Target], folder: Path, base_dir: str,
+                slos: Slos, tolerance: float, jobs: int, quiet: bool) -> pd.DataFrame:
+    """``run_capacity`` once the output folder is checked and locked."""
+    from sim.experiments.executors import stop_pool, worker_init
+    from sim.experiments.outdir import clean_temp_files
+
+    clean_temp_files(folder)
     show = (lambda *a, **k: None) if quiet else print
     show(f"capacity: {base['name']}: {len(targets)} search(es) over {targets[0].key}; pass = "
          f"every request finished and {slos.describe()}")

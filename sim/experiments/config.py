@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,26 +38,47 @@ class RunSpec:
 
 #: Most scalar values a config may hold once aliases are expanded (an alias bomb guard).
 MAX_CONFIG_VALUES = 100_000
+#: Largest experiment file read (a hand-written config is a few KB; this bounds /dev/zero).
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+#: Most runs one experiment may expand to (policies x sweep x zip), checked before expanding.
+MAX_RUNS = 10_000
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate keys instead of keeping the last one."""
+    """``yaml.SafeLoader`` that refuses duplicate keys (flow or block) instead of keeping the
+    last one, supports merge keys (``<<: *defaults``; explicit keys override merged ones) and
+    reads YAML 1.2 numbers such as ``1e-3`` (YAML 1.1 wants ``1.0e-3``) as floats."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
+        seen: dict[Any, yaml.Mark] = {}
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
             key = self.construct_object(key_node, deep=True)
             try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
+                first = seen.setdefault(key, key_node.start_mark)
             except TypeError:
                 raise yaml.constructor.ConstructorError(
                     None, None, "a mapping key must be a plain value",
                     key_node.start_mark) from None
-            if first != key_node.start_mark.line + 1:
+            if first is not key_node.start_mark:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {first})",
-                    key_node.start_mark)
+                    None, None, f"duplicate key {key!r} (first on line {first.line + 1}, "
+                    f"column {first.column + 1})", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2 core-schema floats: an exponent needs no dot (1e-3, 2E5); ints keep their resolver.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def yaml_value(text: str) -> Any:
+    """Parse one YAML value with the experiment loader's rules (``--set`` values)."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _check_shape(data: Any, path: Path) -> None:
@@ -77,20 +101,49 @@ def _check_shape(data: Any, path: Path) -> None:
             stack.extend((v, f"{where}[{i}].") for i, v in enumerate(node))
 
 
-def load_yaml(path: Path) -> dict[str, Any]:
-    """Read an experiment YAML (safe loading only, duplicate keys refused) into a mapping."""
+def read_config_text(path: Path) -> str:
+    """The text of a config file: a regular file (not a FIFO or a device) of at most
+    ``MAX_CONFIG_BYTES``, UTF-8."""
     try:
-        text = path.read_text(encoding="utf-8")
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: not a regular file (a folder, FIFO or device); "
+                              "expected an experiment YAML file")
+        with path.open("rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; an experiment "
+                          "file is a few KB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+def _position(text: str, index: int) -> str:
+    """``line L, column C`` of a character offset."""
+    line = text.count("\n", 0, index) + 1
+    return f"line {line}, column {index - (text.rfind(chr(10), 0, index) + 1) + 1}"
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read an experiment YAML (safe loading only, duplicate keys refused) into a mapping."""
+    text = read_config_text(path)
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.reader.ReaderError as e:  # a NUL or other control character
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        what = "NUL" if code == 0 else f"#x{code:04x}"
+        raise ConfigError(f"{path}: invalid YAML ({_position(text, e.position)}): control "
+                          f"character {what} is not allowed") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(e, "problem", None) or "invalid YAML"
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
     except RecursionError:
         raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
@@ -120,8 +173,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"--set {text!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = yaml_value(raw) if raw.strip() else ""
+    except (yaml.YAMLError, ValueError, RecursionError):
         value = raw
     return key, value
 
@@ -179,6 +232,18 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
     return combos
 
 
+def _check_size(num_policies: int, sweep: dict[str, Any] | None,
+                zipped: dict[str, Any] | None, source: str) -> None:
+    """Refuse more than ``MAX_RUNS`` runs before any is expanded."""
+    lengths = [len(v) for v in (sweep or {}).values() if isinstance(v, list)]
+    lengths += [max((len(v) for v in (zipped or {}).values() if isinstance(v, list)),
+                    default=1)]
+    total = num_policies * math.prod(lengths)
+    if total > MAX_RUNS:
+        raise ConfigError(f"{source}: sweep: {total:,} runs (policies x sweep x zip), more than "
+                          f"the limit of {MAX_RUNS:,}; split it into several experiments")
+
+
 def policy_label(spec: Any) -> str:
     """A short label for a policy spec (its ``label`` key, else its name)."""
     if isinstance(spec, dict):
@@ -203,8 +268,13 @@ def expand_runs(raw: dict[str, Any], overrides: list[str] | None = None,
         raise ConfigError(f"{source}: {e}") from None
     if base["policy"] is not None and base["policies"] is not None:
         raise ConfigError(f"{source}: policy: give either 'policy' or 'policies', not both")
-    policies = base.pop("policies") or [base["policy"] or {"name": "continuous"}]
+    policies = base.pop("policies")
+    if policies is not None and not policies:
+        raise ConfigError(f"{source}: policies: empty list; give at least one policy (or "
+                          "drop the key for the default)")
+    policies = policies or [base["policy"] or {"name": "continuous"}]
     sweep, zipped = base.pop("sweep"), base.pop("zip")
+    _check_size(len(policies), sweep, zipped, source)
     runs: list[RunSpec] = []
     for spec in policies:
         for combo in _expand(sweep, zipped, source):

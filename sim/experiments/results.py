@@ -17,6 +17,7 @@ user's own ``.*.tmp`` files and only batchsim's are cleaned.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -26,10 +27,18 @@ from typing import Any
 
 import pandas as pd
 
+from sim.core.errors import InputError
+
 #: What marks a temporary file as batchsim's own: ``.NAME.batchsim-XXXX.tmp``.
 TEMP_MARK = ".batchsim-"
 #: The glob pattern of batchsim's temporary files (see ``is_temp_file``).
 TEMP_GLOB = f".*{TEMP_MARK}*.tmp"
+#: The forms a result table takes (``write_table``), in the order they are looked for.
+TABLE_SUFFIXES = (".parquet", ".csv")
+
+
+class ResultFileError(InputError):
+    """A result file that cannot be read (truncated, corrupt): one line naming it."""
 
 
 def is_temp_file(path: Path) -> bool:
@@ -53,13 +62,18 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync(str(path.parent))  # and the new name itself survives a power loss
 
 
 def _fsync(path: str) -> None:
-    """Flush ``path``'s contents to disk (``write`` may have closed its own handle)."""
+    """Flush ``path``'s contents (a file, or a folder's entries) to disk (``write`` may have
+    closed its own handle). A file system that cannot sync a folder is left as it is."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if not os.path.isdir(path) or e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 
@@ -117,10 +131,22 @@ def write_table(stem: Path, df: pd.DataFrame, metadata: dict[str, str]) -> Path:
 
 
 def read_table(stem: Path) -> pd.DataFrame:
-    """Read ``stem.parquet`` or ``stem.csv`` written by ``write_table``."""
-    if stem.with_suffix(".parquet").exists():
-        return pd.read_parquet(stem.with_suffix(".parquet"))
-    return pd.read_csv(stem.with_suffix(".csv"), comment="#")
+    """Read ``stem.parquet`` or ``stem.csv`` written by ``write_table``; a missing, truncated
+    or corrupt file is a ``ResultFileError`` naming it."""
+    path = stem.with_suffix(".parquet")
+    if not path.exists():
+        path = stem.with_suffix(".csv")
+    if not path.exists():
+        raise ResultFileError(f"{stem}.parquet (or .csv): no such result file")
+    try:
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        return pd.read_csv(path, comment="#")
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        # pyarrow's ArrowInvalid is a ValueError; a truncated file is one of these
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ResultFileError(f"{path}: cannot read this result file (truncated or corrupt: "
+                              f"{first}); re-run the experiment to redo the run") from None
 
 
 def read_json(path: Path) -> Any:

@@ -8,27 +8,38 @@ cluster (``executor="dask"``) — the same function either way, so results are i
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
 import yaml
 
-from sim.core.errors import InputError
+from sim.core.errors import EnvironmentFailure, InputError
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
+from sim.experiments.executors import run_pool, run_serial, stop_pool, worker_init
+from sim.experiments.outdir import (
+    OutputLock,
+    clean_temp_files,
+    finished_summary,
+    output_folder,
+)
 from sim.experiments.progress import Progress
-from sim.experiments.results import TEMP_GLOB, is_temp_file, read_json, write_text
+from sim.experiments.results import write_text
 from sim.experiments.runner import (
     build_cost,
     build_requests,
     engine_profile_of,
-    execute_run,
     kv_spec,
+    pin_inputs,
     run_id,
 )
+from sim.metrics.summary import check_measurement_window
+
+#: Re-exported for callers of this module (the capacity search, tests).
+__all__ = ["clean_temp_files", "collect_summary", "preflight", "run_experiment",
+           "seed_aggregate", "stop_pool", "worker_init"]
 
 
 class ReportWriter(Protocol):
@@ -48,7 +59,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
     from policies import make_policy
     from sim.kv.config import resolve_kv
 
-    seen: set[str] = set()
+    arrivals: dict[str, np.ndarray] = {}  # one workload build per (workload, seed)
     for spec in runs:
         cfg = spec.config
         try:
@@ -63,51 +74,15 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
                 raise
             resolve_kv(kv_spec(cfg), cost)
             key = json.dumps([cfg["workload"], cfg["seed"]], sort_keys=True, default=str)
-            if key not in seen:
-                seen.add(key)
-                build_requests(cfg, base_dir)
+            if key not in arrivals:
+                arrivals[key] = np.array([r.arrival_s for r in build_requests(cfg, base_dir)])
+            try:
+                check_measurement_window(arrivals[key], cfg["metrics"]["warmup_s"],
+                                         cfg["metrics"]["cooldown_s"])
+            except InputError as e:
+                raise InputError(e.problem, field=f"metrics.{e.field}") from None
         except InputError as e:
             raise ConfigError(str(e.within(source))) from None
-
-
-def clean_temp_files(out: Path) -> int:
-    """Delete batchsim's temporary files (``.NAME.batchsim-XXXX.tmp``) left by a killed run.
-
-    Only the folders batchsim writes into are looked at (``out``, ``out/runs/*``,
-    ``out/plots``) and only files ``atomic_write`` names are deleted: a user's own ``.*.tmp``
-    files stay. Final names are only ever created by an atomic rename, so such a temporary
-    file is never anything but debris; two commands must not share one output folder at the
-    same time. Returns how many files were deleted.
-    """
-    if not out.is_dir():
-        return 0
-    folders = [out, out / "plots", *sorted(p for p in (out / "runs").glob("*") if p.is_dir())]
-    count = 0
-    for folder in folders:
-        for tmp in folder.glob(TEMP_GLOB):
-            if is_temp_file(tmp) and tmp.is_file() and not tmp.is_symlink():
-                tmp.unlink(missing_ok=True)
-                count += 1
-    return count
-
-
-def worker_init() -> None:
-    """Pool worker initializer: Ctrl-C is handled by the parent, which stops the workers."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def stop_pool(pool: ProcessPoolExecutor) -> None:
-    """Stop the workers now and drop queued runs (runs in flight are redone on resume).
-
-    The worker list is read before ``shutdown``, which forgets it; ``ProcessPoolExecutor`` has
-    no public way to stop busy workers before Python 3.14.
-    """
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    for proc in procs:
-        proc.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in procs:
-        proc.join(timeout=5)
 
 
 def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, jobs: int,
@@ -118,20 +93,10 @@ def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, 
 
         for rid, result in run_on_dask(args, address):
             on_done(rid, result)
-        return
-    if jobs <= 1 or len(args) <= 1:
-        for a in args:
-            on_done(Path(a[2]).name, execute_run(*a))
-        return
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(args)), initializer=worker_init)
-    try:
-        futures = {pool.submit(execute_run, *a): Path(a[2]).name for a in args}
-        for fut in as_completed(futures):
-            on_done(futures[fut], fut.result())
-    except BaseException:
-        stop_pool(pool)
-        raise
-    pool.shutdown(wait=True)
+    elif jobs <= 1 or len(args) <= 1:
+        run_serial(args, on_done)
+    else:
+        run_pool(args, jobs, on_done)
 
 
 def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
@@ -139,11 +104,12 @@ def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
     rows, seen = [], set()
     for spec in runs:
         rid = run_id(spec.config)
-        path = out / "runs" / rid / "summary.json"
-        if rid in seen or not path.exists():
+        if rid in seen:
             continue
         seen.add(rid)
-        s = read_json(path)
+        s = finished_summary(out / "runs" / rid)
+        if s is None:
+            continue
         cfg = spec.config
         row = {"run_id": rid, "label": spec.label, "policy": cfg["policy"].get("name"),
                **spec.swept, "model": cfg["model"], "hardware": cfg["hardware"],
@@ -185,18 +151,30 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
     base, runs = expand_runs(raw, overrides, source=str(path))
     base_dir = path.resolve().parent
     preflight(runs, base_dir, str(path))
-    out = Path(out) if out else Path("runs") / base["name"]
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    runs = [RunSpec(pin_inputs(s.config, base_dir), s.swept, s.label) for s in runs]
+    folder = output_folder(out, base["name"], str(path))
+    with OutputLock(folder):
+        return _run_locked(path, raw, overrides, base, runs, base_dir, folder, jobs, executor,
+                           address, plots, quiet, report)
+
+
+def _run_locked(path: Path, raw: dict[str, Any], overrides: list[str] | None,
+                base: dict[str, Any], runs: list[RunSpec], base_dir: Path, out: Path, jobs: int,
+                executor: str, address: str | None, plots: bool | None, quiet: bool,
+                report: ReportWriter | None) -> pd.DataFrame:
+    """``run_experiment`` once the output folder is checked and locked."""
     clean_temp_files(out)
     write_text(out / "experiment.yaml", yaml.safe_dump(
         {"source": str(path), "overrides": overrides or [], "experiment": raw},
         sort_keys=False))
     todo: list[tuple[str, dict[str, Any]]] = []
+    seen: set[str] = set()
     for spec in runs:
         rid = run_id(spec.config)
-        if not (out / "runs" / rid / "summary.json").exists() and all(
-                rid != r for r, _ in todo):
-            todo.append((rid, spec.config))
+        if rid not in seen:
+            seen.add(rid)
+            if finished_summary(out / "runs" / rid) is None:
+                todo.append((rid, spec.config))
     progress = Progress(base["name"], len(todo), quiet=quiet)
     engines = ", ".join(dict.fromkeys(engine_profile_of(spec.config) for spec in runs))
     progress.message(f"batchsim: {base['name']}: {len(runs)} runs, "
@@ -204,7 +182,14 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
     progress.start()
 
     def on_done(rid: str, result: dict[str, Any]) -> None:
-        progress.advance(rid, result.get("error"))
+        error = result.get("error")
+        if error is None and finished_summary(out / "runs" / rid) is None:
+            # a worker said "done" but this machine cannot see the files: never log it ok
+            raise EnvironmentFailure(
+                f"run {rid} finished on a worker but its files are missing or incomplete in "
+                f"{out / 'runs' / rid}; the workers must write into this folder (a shared "
+                "filesystem mounted at the same path)")
+        progress.advance(rid, error)
 
     try:
         _execute(todo, base_dir, out, jobs, executor, address, on_done)
@@ -226,8 +211,8 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
         progress.message(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
     # Runs that failed this time or earlier: their first error line, for the CLI to report.
     summary.attrs["errors"] = [
-        f"{p.parent.name}: {p.read_text(encoding='utf-8').splitlines()[0]}"
+        f"{p.parent.name}: {(p.read_text(encoding='utf-8').splitlines() or ['?'])[0]}"
         for p in sorted((out / "runs").glob("*/error.txt"))
-        if not (p.parent / "summary.json").exists()]
+        if p.parent.name in seen and finished_summary(p.parent) is None]
     summary.attrs["out"] = str(out)
     return summary

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sim.core.errors import InputError
+from sim.core.errors import InputError, environment_failure
 from sim.core.types import Request
 from sim.core.version import __version__
 from sim.cost.base import ConstantCost, CostModel, LinearCost
@@ -24,9 +24,66 @@ from sim.experiments.results import atomic_write, write_json, write_table, write
 
 
 def run_id(config: dict[str, Any]) -> str:
-    """A stable hash of a resolved run config (its folder name)."""
+    """A stable hash of a resolved run config (its folder name); ``pin_inputs`` puts the
+    digests of the run's input files into the config, so editing one makes a new run."""
     blob = json.dumps(config, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
+
+
+#: Digests already computed, by (path, size, mtime, inode): a sweep hashes each file once.
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes (first 16 hex digits), cached while it is unchanged."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()[:16]
+    return _DIGESTS[key]
+
+
+def input_files(config: dict[str, Any], base_dir: Path | None) -> dict[str, Path]:
+    """The user files a run reads, by the dotted key that names them: every ``trace`` of the
+    workload that is a file (built-in traces are not: they come with batchsim) and, for the
+    roofline model, a ``model``, ``hardware`` or ``engine`` given as a file."""
+    from sim.cost.profiles import profile_file
+    from sim.workload.traces import BUILTIN_TRACES, resolve_trace
+
+    found: dict[str, Path] = {}
+    stack: list[tuple[Any, str]] = [(config.get("workload"), "workload")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "trace" and isinstance(v, str) and v not in BUILTIN_TRACES:
+                    try:
+                        found[f"{where}.trace"] = resolve_trace(v, base_dir)
+                    except InputError:
+                        pass  # preflight reports it
+                else:
+                    stack.append((v, f"{where}.{k}"))
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+    if config.get("cost", {}).get("kind") == "roofline":
+        for key in ("model", "hardware", "engine"):
+            path = profile_file(config[key]) if isinstance(config.get(key), str) else None
+            if path is not None:
+                found[key] = path
+    return found
+
+
+def pin_inputs(config: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
+    """``config`` with ``inputs: {dotted key: digest}`` for each file it reads (unchanged
+    when it reads none), so the run id changes whenever an input file does."""
+    files = input_files(config, base_dir)
+    if not files:
+        return config
+    return {**config, "inputs": {k: file_digest(p) for k, p in sorted(files.items())}}
 
 
 def build_cost(config: dict[str, Any]) -> CostModel:
@@ -94,12 +151,16 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str) -> d
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     rid = folder.name
+    # a damaged earlier attempt's marker goes first: it must never stand beside new files
+    (folder / "summary.json").unlink(missing_ok=True)
     write_text(folder / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     (folder / "error.txt").unlink(missing_ok=True)
     t0 = time.perf_counter()
     try:
         res = simulate_config(config, Path(base_dir) if base_dir else None)
     except Exception as e:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
+        if environment_failure(e) is not None:
+            raise  # out of memory, a full disk: the machine's problem, it stops the sweep
         write_text(folder / "error.txt", f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
         return {"error": f"{type(e).__name__}: {e}"}
     meta = {"version": __version__, "config_hash": rid, "seed": config["seed"]}

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.core.errors import InputError
 from sim.metrics.kv import kv_summary
 from sim.metrics.steplog import FLOAT_COLUMNS, STEP_COLUMNS, StepLog
 from sim.metrics.stream import StepStream, step_sums
@@ -133,6 +134,23 @@ def itl_sample(steps: pd.DataFrame, irregular: Any, irregular_counts: Any = None
     vals = np.concatenate([steps["duration_s"].to_numpy(dtype=float), gaps])
     counts = np.concatenate([steps["num_regular_itl"].to_numpy(dtype=np.int64), counts])
     return vals, counts
+
+
+def check_measurement_window(arrival_s: np.ndarray, warmup_s: Any, cooldown_s: Any) -> None:
+    """Refuse a ``warmup_s`` / ``cooldown_s`` that is not a finite number >= 0 or that leaves
+    no request inside the window ``summarize`` measures (every metric would be empty)."""
+    for name, value in (("warmup_s", warmup_s), ("cooldown_s", cooldown_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+                or not 0 <= float(value) < float("inf"):
+            raise InputError(f"must be a finite number >= 0, got {value!r}", field=name)
+    if len(arrival_s) == 0:
+        return
+    first, last = float(np.min(arrival_s)), float(np.max(arrival_s))
+    inside = (arrival_s >= first + warmup_s) & (arrival_s <= last - cooldown_s)
+    if not inside.any():
+        raise InputError(f"warmup_s={warmup_s:g} s and cooldown_s={cooldown_s:g} s leave no "
+                         f"request to measure: arrivals span {last - first:.6g} s",
+                         field="warmup_s")
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *,

@@ -1,0 +1,178 @@
+"""The output-folder guard: one place that decides where an experiment writes and keeps it safe.
+
+- ``output_folder`` turns ``--out`` (or ``runs/<name>``) into an absolute path before anything
+  is shipped to a worker, refuses names that could escape ``runs/`` and folders that cannot be
+  used (an existing file, a read-only folder, a name too long, a symlink loop) with one
+  ``InputError`` line.
+- ``OutputLock`` holds an advisory lock on ``OUT/.batchsim.lock`` while a command writes there;
+  a second command on the same folder is refused with a clear message instead of racing.
+- ``clean_temp_files`` deletes only batchsim's own temporaries (``results.TEMP_MARK``).
+- ``finished_summary`` says whether a run folder holds a complete, readable run: a 0-byte or
+  truncated file (a power loss, a full disk) makes the run unfinished, so it is redone.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from sim.core.errors import InputError
+from sim.experiments.results import TABLE_SUFFIXES, TEMP_GLOB, is_temp_file
+
+#: The lock file of an output folder (kept between commands: removing it would race).
+LOCK_NAME = ".batchsim.lock"
+#: Longest experiment name used as a folder name (file systems allow 255 bytes per name).
+MAX_NAME_BYTES = 200
+#: errno values that mean "this folder cannot be used" (the user's to fix: exit 2); any other
+#: OSError (a full disk, too many open files) is an environment failure.
+_UNUSABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP,
+             errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENXIO, errno.ENODEV}
+
+
+class OutputFolderError(InputError):
+    """An output folder that cannot be used, or one another command is writing into."""
+
+
+def check_name(name: Any, source: str) -> str:
+    """``name`` if it can be a folder under ``runs/``: one non-empty path component, no
+    ``..``, no separator, no NUL, at most ``MAX_NAME_BYTES`` bytes."""
+    text = name if isinstance(name, str) else ""
+    problem = None
+    if not text.strip():
+        problem = "must not be empty"
+    elif text in (".", "..") or "/" in text or "\\" in text or "\0" in text:
+        problem = "must be a plain folder name (no '/', '\\', '..' or NUL)"
+    elif len(text.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        problem = f"longer than {MAX_NAME_BYTES} bytes"
+    if problem:
+        raise OutputFolderError(f"{problem}, got {name!r}; it names the output folder runs/<name>"
+                                " (or pass --out)", source=source, field="name")
+    return text
+
+
+def output_folder(out: str | Path | None, name: Any, source: str, suffix: str = "") -> Path:
+    """The absolute output folder (``out``, else ``runs/<name><suffix>``), created and checked
+    to be a writable folder; every problem is one ``OutputFolderError`` line."""
+    if out is None:
+        path = Path("runs") / (check_name(name, source) + suffix)
+    elif not str(out).strip() or "\0" in str(out):
+        raise OutputFolderError(f"--out: not a usable folder name: {str(out)!r}")
+    else:
+        path = Path(out).expanduser()
+    path = Path(os.path.abspath(path))  # workers may run elsewhere: never ship a relative path
+    try:
+        if path.exists() and not path.is_dir():
+            raise OutputFolderError(f"--out {path}: exists and is not a folder")
+        (path / "runs").mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OSError(errno.EACCES, "permission denied", str(path))
+    except OSError as e:
+        if e.errno not in _UNUSABLE:
+            raise
+        raise OutputFolderError(f"--out {path}: cannot use it as the output folder: "
+                                f"{e.strerror or e}") from None
+    return path
+
+
+class OutputLock:
+    """An exclusive advisory lock (``fcntl.flock``) on ``folder/.batchsim.lock``, held by the
+    command writing into ``folder`` (a context manager). The lock dies with its process, so a
+    killed command never leaves a stale lock; the file records the holder's pid for the
+    message."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / LOCK_NAME
+        self.fd: int | None = None
+
+    def __enter__(self) -> OutputLock:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock (documented)
+            return self
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            if e.errno not in _UNUSABLE:
+                raise
+            raise OutputFolderError(f"--out {self.path.parent}: cannot create its lock file: "
+                                    f"{e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise OutputFolderError(
+                f"--out {self.path.parent}: another batchsim command (pid {holder}) is writing "
+                "into this folder; wait for it to finish or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the flock
+            self.fd = None
+
+
+def clean_temp_files(out: Path) -> int:
+    """Delete batchsim's temporary files (``.NAME.batchsim-XXXX.tmp``) left by a killed run.
+
+    Only the folders batchsim writes into are looked at (``out``, ``out/runs/*``,
+    ``out/plots``, ``out/probes``) and only files ``atomic_write`` names are deleted: a user's
+    own ``.*.tmp`` files stay. Final names are only ever created by an atomic rename and the
+    folder is locked (``OutputLock``), so such a temporary file is never anything but debris.
+    Returns how many files were deleted.
+    """
+    if not out.is_dir():
+        return 0
+    runs = out / "runs"
+    folders = [out, out / "plots", out / "probes",
+               *sorted(p for p in runs.glob("*") if p.is_dir())]
+    count = 0
+    for folder in folders:
+        for tmp in folder.glob(TEMP_GLOB):
+            if is_temp_file(tmp) and tmp.is_file() and not tmp.is_symlink():
+                tmp.unlink(missing_ok=True)
+                count += 1
+    return count
+
+
+def _intact_table(folder: Path, stem: str) -> bool:
+    """``stem`` exists as a non-truncated Parquet file (magic bytes at both ends) or a
+    non-empty CSV; cheap: no table is parsed."""
+    for suffix in TABLE_SUFFIXES:
+        path = folder / f"{stem}{suffix}"
+        try:
+            size = path.stat().st_size
+        except OSError:
+            continue
+        if suffix == ".csv":
+            return size > 0
+        if size < 12:
+            return False
+        with path.open("rb") as fh:
+            head = fh.read(4)
+            fh.seek(-4, os.SEEK_END)
+            return head == b"PAR1" and fh.read(4) == b"PAR1"
+    return False
+
+
+def finished_summary(folder: Path, rid: str | None = None) -> dict[str, Any] | None:
+    """The summary of the finished run in ``folder``, or ``None`` when the run is unfinished,
+    failed, or damaged (``summary.json`` unreadable or of another run, a result table or
+    ``itl_irregular.npy`` missing or truncated): such a run is redone."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        npy = (folder / "itl_irregular.npy").stat().st_size
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("run_id") != (rid or folder.name):
+        return None
+    if npy < 10 or not all(_intact_table(folder, s) for s in ("requests", "steps")):
+        return None
+    return summary
