@@ -40,7 +40,7 @@ class ReportWriter(Protocol):
 
 
 #: Summary entries that vary between identical runs (timings) and stay out of summary.csv.
-VOLATILE = ("wall_s",)
+VOLATILE = ("wall_s", "sim_engine", "sim_engine_reason")
 
 
 def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
@@ -134,6 +134,12 @@ def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, 
     pool.shutdown(wait=True)
 
 
+def fallback_message(reasons: dict[str, int]) -> str:
+    """The console line naming why runs took the general engine (``SimResult.engine_reason``)."""
+    parts = [f"{why} ({n} run{'s' if n > 1 else ''})" for why, n in reasons.items()]
+    return "batchsim: general engine (slower, exact) for: " + "; ".join(parts)
+
+
 def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
     """One row per finished run, in sweep order: run_id, label, swept keys, metrics."""
     rows, seen = [], set()
@@ -203,8 +209,13 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
                      f"{len(runs) - len(todo)} already done (engine profile: {engines})")
     progress.start()
 
+    general: dict[str, int] = {}  # why runs fell back to the general engine -> how many
+
     def on_done(rid: str, result: dict[str, Any]) -> None:
         progress.advance(rid, result.get("error"))
+        if result.get("sim_engine") == "general":
+            why = result.get("sim_engine_reason") or "unknown"
+            general[why] = general.get(why, 0) + 1
 
     try:
         _execute(todo, base_dir, out, jobs, executor, address, on_done)
@@ -222,6 +233,8 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
     draw = base["output"]["plots"] if plots is None else plots
     if len(summary) and report is not None:
         report(out, base, runs, summary, plots=draw)
+    if general:
+        progress.message(fallback_message(general))
     if failed:
         progress.message(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
     # Runs that failed this time or earlier: their first error line, for the CLI to report.
