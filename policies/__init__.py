@@ -7,6 +7,6 @@ from policies.registry import Policy, PolicyError, make_policy, register, regist
 
 # isort: split
 # Importing each policy module registers it.
-from policies import chunked_prefill, continuous, dynamic, static  # noqa: F401
+from policies import chunked_prefill, continuous, dynamic, scheduler, static  # noqa: F401
 
 __all__ = ["Policy", "PolicyError", "make_policy", "register", "registered"]

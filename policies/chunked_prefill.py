@@ -19,15 +19,19 @@ Parameters:
 - ``chunk_size`` (None): most prefill tokens one request gets per step (``None``: the budget).
 - ``watermark`` (0.01): share of KV blocks kept free when admitting new prompts.
 - ``ordering`` ("fcfs" | "spf" | "priority"): order of the waiting queue.
+
+A preset of the scheduling specification (``policies.scheduler``): composition
+``decode_first`` with ``chunked`` admission.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.ordering import ORDERINGS, order_queue
-from policies.packing import Budget, budget_for, max_fitting_tokens, watermark_blocks
+from policies.ordering import ORDERINGS
 from policies.registry import Policy, check_positive, register
-from sim.core.types import KVView, Plan, SeqView, View
+from policies.scheduler import schedule
+from sim.core.scheduling import SchedulingSpec
+from sim.core.types import Plan, View
 
 
 @register("chunked_prefill")
@@ -56,62 +60,16 @@ class ChunkedPrefill(Policy):
         self._require(self.ordering in ORDERINGS, "ordering",
                       f"unknown {self.ordering!r}; accepted: {tuple(ORDERINGS)}")
 
+        self.spec = SchedulingSpec(
+            composition="decode_first", admission="chunked", chunk_size=self.chunk_size,
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.token_budget,
+            watermark=self.watermark, order=self.ordering)
+
     @property
     def max_num_batched_tokens(self) -> int:  # type: ignore[override]  # read-only: derived
         """The step's token budget, declared so the engine validates every plan against it."""
         return self.token_budget
 
-    def _cap(self, seq: SeqView, budget: Budget) -> int:
-        cap = min(seq.num_uncomputed, budget.tokens)
-        return min(cap, self.chunk_size) if self.chunk_size else cap
-
     def schedule(self, view: View) -> Plan:
         """Decodes, then running prefill chunks, then new prompts, within the token budget."""
-        kv = view.kv
-        budget = budget_for(kv, self.max_num_seqs, self.token_budget)
-        victims = list(view.running)  # admission order: the tail is the newest, the victim
-        done: set[int] = set()  # scheduled, passed over or preempted: no longer a victim
-        preempt: list[int] = []
-        num_decodes = 0
-        for decoding in (True, False):
-            for seq in [s for s in view.running if s.is_prefill != decoding]:
-                if seq.id in done:
-                    continue
-                done.add(seq.id)
-                n = 1 if decoding else self._cap(seq, budget)
-                if n < 1 or budget.seqs < 1:
-                    continue  # budget spent: it keeps its KV and continues next step
-                n = self._fit(kv, seq, n, budget, victims, done, preempt)
-                if n:
-                    budget.take(seq, n, kv.blocks_needed(seq, n))
-                    num_decodes += decoding
-                elif decoding:  # no victim left: give up its own blocks rather than stall
-                    preempt.append(seq.id)
-                    budget.free_blocks += seq.num_blocks
-        if not preempt:
-            mark = watermark_blocks(kv, self.watermark) if view.running else 0
-            for seq in order_queue(view.waiting, self.ordering):
-                cap = self._cap(seq, budget) if budget.seqs > 0 else 0
-                n = max_fitting_tokens(kv, seq, budget.free_blocks - mark, cap)
-                if n < 1:
-                    break  # head-of-line blocking keeps a long prompt from starving
-                budget.take(seq, n, kv.blocks_needed(seq, n))
-        # Decodes alone repeat until an arrival, a finish or a KV shortfall: whatever was left
-        # out (budget, slots or blocks) cannot become schedulable while they decode.
-        steady = bool(budget.run) and not preempt and len(budget.run) == num_decodes
-        return Plan(run=budget.run, preempt=tuple(preempt), steady=steady)
-
-    @staticmethod
-    def _fit(kv: KVView, seq: SeqView, n: int, budget: Budget, victims: list[SeqView],
-             done: set[int], preempt: list[int]) -> int:
-        """Tokens of ``seq`` (up to ``n``) that fit, preempting the newest others as needed."""
-        while True:
-            fit = max_fitting_tokens(kv, seq, budget.free_blocks, n)
-            while victims and victims[-1].id in done:
-                victims.pop()
-            if fit or not victims:
-                return fit
-            victim = victims.pop()
-            done.add(victim.id)
-            preempt.append(victim.id)
-            budget.free_blocks += victim.num_blocks
+        return schedule(self.spec, view)

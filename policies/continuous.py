@@ -10,6 +10,8 @@ free KV blocks (less a watermark) allow. Two documented modes:
   decode (Orca's selective batching).
 
 When decode growth runs out of blocks the newest running sequence is preempted by recompute.
+A preset of the scheduling specification (``policies.scheduler``): ``vllm`` is composition
+``prefill_first``, ``orca`` is ``mixed``, both with ``whole`` admission.
 
 Parameters: ``max_num_seqs`` (256) batch rows; ``max_num_batched_tokens`` (8192) tokens per
 step — a prompt longer than this can never run whole and is rejected; ``watermark`` (0.01)
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.ordering import ORDERINGS, order_queue
-from policies.packing import admit_whole_prompts, budget_for, grow_running, watermark_blocks
+from policies.ordering import ORDERINGS
 from policies.registry import Policy, check_positive, register
+from policies.scheduler import schedule
+from sim.core.scheduling import SchedulingSpec
 from sim.core.types import Plan, View
 
 MODES = ("vllm", "orca")
@@ -48,25 +51,11 @@ class ContinuousBatching(Policy):
         self._require(self.ordering in ORDERINGS, "ordering",
                       f"unknown {self.ordering!r}; accepted: {tuple(ORDERINGS)}")
 
+        self.spec = SchedulingSpec(
+            composition="prefill_first" if self.mode == "vllm" else "mixed", admission="whole",
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            watermark=self.watermark, order=self.ordering)
+
     def schedule(self, view: View) -> Plan:
         """Admit prompts (prefill-first or mixed), else decode every running sequence."""
-        reject = {s.id: f"prompt of {s.num_uncomputed} tokens exceeds max_num_batched_tokens="
-                  f"{self.max_num_batched_tokens}"
-                  for s in view.waiting if s.num_uncomputed > self.max_num_batched_tokens}
-        queue = order_queue([s for s in view.waiting if s.id not in reject], self.ordering)
-        kv = view.kv
-        # The watermark protects running decodes; with none running it would only block.
-        mark = watermark_blocks(kv, self.watermark) if view.running else 0
-        free_seqs = self.max_num_seqs - len(view.running)
-        if self.mode == "vllm" and queue and free_seqs > 0:
-            budget = budget_for(kv, free_seqs, self.max_num_batched_tokens)
-            if admit_whole_prompts(queue, kv, budget, mark):
-                return Plan(run=budget.run, reject=reject)
-        budget = budget_for(kv, self.max_num_seqs, self.max_num_batched_tokens)
-        preempt = grow_running(view.running, kv, budget)
-        admitted = self.mode == "orca" and not preempt and admit_whole_prompts(
-            queue, kv, budget, mark)
-        # A pure decode plan repeats until an arrival, a finish or a KV shortfall: admission
-        # failed for lack of slots, budget or blocks, none of which grows while decoding.
-        steady = not preempt and not admitted and not reject
-        return Plan(run=budget.run, preempt=preempt, reject=reject, steady=steady)
+        return schedule(self.spec, view)

@@ -6,10 +6,15 @@ so running decodes can grow, as vLLM does).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from sim.core import rules
+from sim.core.rules import VICTIM_NEWEST, outranks
 from sim.core.types import KVView, SeqView
+
+#: A request's TTFT deadline in seconds (``victim`` ``deadline`` and ``edf`` read it).
+Deadline = Callable[[SeqView], float]
 
 
 @dataclass
@@ -37,22 +42,25 @@ def budget_for(kv: KVView, max_num_seqs: int | None, max_num_batched_tokens: int
                   max_num_batched_tokens if max_num_batched_tokens else big, kv.free_blocks)
 
 
-def grow_running(running: Sequence[SeqView], kv: KVView, budget: Budget
+def grow_running(running: Sequence[SeqView], kv: KVView, budget: Budget,
+                 victim: int = VICTIM_NEWEST, deadline: Deadline | None = None
                  ) -> tuple[int, ...]:
-    """Schedule every running sequence's pending tokens, preempting the newest when KV runs out.
+    """Schedule every running sequence's pending tokens, preempting when KV runs out.
 
-    Running sequences are in admission order; the newest is the cheapest to lose (least work
-    done and, under FCFS, latest arrival). Returns the ids to preempt (recompute).
+    Running sequences are in admission order; by default the newest is the victim, the
+    cheapest to lose (least work done and, under FCFS, latest arrival); ``victim`` picks
+    another rule (``sim.core.rules.outranks``). Returns the ids to preempt.
     """
     active = list(running)
     preempt: list[int] = []
     need = [kv.blocks_needed(s, s.num_uncomputed) for s in active]
     if sum(need) > budget.free_blocks:
         while active and sum(need) > budget.free_blocks:
-            victim = active.pop()
-            need.pop()
-            preempt.append(victim.id)
-            budget.free_blocks += victim.num_blocks
+            j = pick_victim(active, victim, deadline)
+            chosen = active.pop(j)
+            need.pop(j)
+            preempt.append(chosen.id)
+            budget.free_blocks += chosen.num_blocks
     run = budget.run
     for seq in active:  # ``budget.take(seq, seq.num_uncomputed, blocks)`` for each, batched
         run[seq.id] = seq.num_uncomputed
@@ -70,11 +78,12 @@ def admit_whole_prompts(queue: Sequence[SeqView], kv: KVView, budget: Budget,
     later, smaller requests cannot starve it. Returns the admitted ids.
     """
     admitted: list[int] = []
+    admits = rules.admits
     for seq in queue:
         tokens = seq.num_uncomputed
         blocks = kv.blocks_needed(seq, tokens)
-        if (budget.seqs < 1 or tokens > budget.tokens
-                or budget.free_blocks - blocks < watermark_blocks):
+        if not admits(budget.seqs, tokens, budget.tokens, budget.free_blocks, blocks,
+                      watermark_blocks):
             break
         budget.take(seq, tokens, blocks)
         admitted.append(seq.id)
@@ -82,22 +91,36 @@ def admit_whole_prompts(queue: Sequence[SeqView], kv: KVView, budget: Budget,
 
 
 def watermark_blocks(kv: KVView, watermark: float) -> int:
-    """Blocks kept free at admission: ``watermark`` × total (0 for an unlimited cache)."""
-    return int(watermark * kv.total_blocks) if kv.total_blocks < (1 << 40) else 0
+    """Blocks kept free at admission (``sim.core.rules.watermark_blocks``)."""
+    return rules.watermark_blocks(watermark, kv.total_blocks)
 
 
 def max_fitting_tokens(kv: KVView, seq: SeqView, free_blocks: int, cap: int) -> int:
-    """The most tokens of ``seq`` (at most ``cap``) whose KV fits in ``free_blocks`` (0 if none).
+    """The most tokens of ``seq`` (at most ``cap``) whose KV fits in ``free_blocks`` (0 if
+    none): ``sim.core.rules.max_fitting_tokens``."""
+    return rules.max_fitting_tokens(seq.num_computed_tokens, seq.num_blocks,
+                                    kv.floor_tokens(seq), kv.block_size, free_blocks, cap)
 
-    Chunked prefill sizes a chunk by what the cache can hold rather than skipping the request;
-    for a slab allocator the first allocation must also cover the whole reservation.
-    """
-    if cap < 1 or free_blocks < 0:
-        return 0
-    n = min(cap, (seq.num_blocks + free_blocks) * kv.block_size - seq.num_computed_tokens)
-    if n < 1 or kv.blocks_needed(seq, n) > free_blocks:
-        return 0
-    return n
+
+def pick_victim(candidates: Sequence[SeqView], victim: int, deadline: Deadline | None,
+                done: set[int] | None = None) -> int:
+    """Index in ``candidates`` (admission order) of the preemption victim under rule
+    ``victim``, skipping ids in ``done``; -1 when none is left. Scans from the newest, so ties
+    go to the newest (``sim.core.rules.outranks``)."""
+    best = -1
+    best_priority, best_deadline = 0, 0.0
+    for i in range(len(candidates) - 1, -1, -1):
+        seq = candidates[i]
+        if done is not None and seq.id in done:
+            continue
+        d = deadline(seq) if deadline is not None else 0.0
+        if best < 0:
+            if victim == VICTIM_NEWEST:
+                return i
+            best, best_priority, best_deadline = i, seq.priority, d
+        elif outranks(victim, seq.priority, d, best_priority, best_deadline):
+            best, best_priority, best_deadline = i, seq.priority, d
+    return best
 
 
 def fitting_prefix(queue: Sequence[SeqView], kv: KVView, free_blocks: int) -> list[SeqView]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.core.errors import InputError
+from sim.core.rules import blocks_needed, slab_floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +81,21 @@ class KVView:
     cached_blocks: int = 0
 
     def blocks_needed(self, seq: SeqView, num_new_tokens: int) -> int:
-        """Extra blocks ``seq`` must be given to hold ``num_new_tokens`` more computed tokens."""
-        target = seq.num_computed_tokens + num_new_tokens
-        if self.reserve_output_tokens is not None:
-            target = max(target, seq.num_prompt_tokens + self.reserve_output_tokens)
-        elif self.reserve_tokens is not None:
-            target = max(target, self.reserve_tokens)
-        need = -(-target // self.block_size) - seq.num_blocks  # exact integer ceil
-        return need if need > 0 else 0
+        """Extra blocks ``seq`` must be given to hold ``num_new_tokens`` more computed tokens
+        (``sim.core.rules.blocks_needed``)."""
+        if self.reserve_tokens is None and self.reserve_output_tokens is None:
+            floor = 0  # paged: no reservation (the common case, without a call)
+        else:
+            floor = self.floor_tokens(seq)
+        return blocks_needed(seq.num_computed_tokens + num_new_tokens, floor, seq.num_blocks,
+                             self.block_size)
+
+    def floor_tokens(self, seq: SeqView) -> int:
+        """Tokens a slab reserves for ``seq`` at its first allocation (0 when paged):
+        ``sim.core.rules.slab_floor``."""
+        per_seq = self.reserve_output_tokens
+        return slab_floor(seq.num_prompt_tokens, self.reserve_tokens or 0,
+                          -1 if per_seq is None else per_seq)
 
     @property
     def used_fraction(self) -> float:

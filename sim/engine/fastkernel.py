@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from sim.core.rules import watermark_blocks
 from sim.cost.base import ConstantCost, LinearCost
 from sim.cost.roofline import RooflineCost
+from sim.engine.coverage import compiled_spec_blocker, spec_of
 from sim.engine.fastpath import (
     FLOAT_COLUMNS,
     INT_COLUMNS,
@@ -76,8 +78,11 @@ def _cost_kind(cost: Any) -> int:
 
 def compiled_blocker(policy: Any, cost: Any, n: int) -> str:
     """Why a run the interpreted fast path takes cannot use the kernel ('' when it can)."""
-    if policy.mode != "vllm":
-        return "Orca mode"
+    spec = spec_of(policy)
+    why = "not a preset of the scheduling specification" if spec is None else \
+        compiled_spec_blocker(spec)
+    if why:
+        return why
     if _cost_kind(cost) < 0:
         return "the cost model is not a RooflineCost, ConstantCost or LinearCost"
     if min(policy.max_num_seqs, n) >= MAX_TABLE_ROWS:
@@ -131,8 +136,7 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
     big = 1 << 62
     kind, roofline = _cost_kind(cost), isinstance(cost, RooflineCost)
     ints = np.array([bs, min(num_blocks, big), min(kv.capacity_tokens, big), policy.max_num_seqs,
-                     max_tokens,
-                     int(policy.watermark * num_blocks) if num_blocks < (1 << 40) else 0,
+                     max_tokens, watermark_blocks(policy.watermark, num_blocks),
                      -1 if kv.max_preemptions is None else kv.max_preemptions,
                      int(roofline and cost.decode_uses_min_context), int(horizon_s is not None),
                      int(deadline is not None), cost.model.num_layers if roofline else 1,

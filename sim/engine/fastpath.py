@@ -1,9 +1,11 @@
-"""Exact fast path: the built-in continuous batching policy without per-row work.
+"""Exact fast path: whole-prompt scheduling specifications without per-row work.
 
 ``sim.engine.replica`` asks the policy for a plan every iteration and touches every running
-request in Python, which caps it near 10^4 steps a second. For the most common configuration — the
-``continuous`` policy (vLLM or Orca mode) with FCFS admission, paged KV with recompute preemption,
-no prefix caching and a cost model with ``decode_step`` — this module runs the
+request in Python, which caps it near 10^4 steps a second. For the most common configuration — a
+scheduling specification with composition ``prefill_first`` or ``mixed`` (``continuous`` in vLLM
+or Orca mode), whole-prompt FCFS admission, the newest as preemption victim, paged KV with
+recompute preemption, no prefix caching and a cost model with ``decode_step``, as the allow-list
+of ``sim.engine.coverage`` decides — this module runs the
 same simulation with every per-step operation in O(1) amortized (O(log n) at admissions and
 finishes), producing the same tables bit for bit (tests/test_fastpath.py checks that against
 the general engine on random traces, cost models and KV pressure).
@@ -21,8 +23,10 @@ leaves the running set (finish, preemption, rejection). Inter-token latencies st
 request's gaps are its first decode's gap plus the global decode-to-decode gaps over the steps
 it ran, whose maximum comes from a monotonic stack (suffix maxima of an append-only series).
 
-The policy's own rules are reproduced here, not called: keep ``policies/continuous.py`` and
-this module in step (the equivalence tests fail otherwise). ``sim.engine.fastkernel`` runs the same
+The interpreter's step logic (``policies.scheduler``) is reproduced here over aggregates; its
+scalar rules (admission test, watermark) are ``sim.core.rules``, called, not copied. The
+equivalence tests, whose specifications are drawn from the specification's own field domains,
+fail when the two disagree. ``sim.engine.fastkernel`` runs the same
 algorithm compiled for large vLLM-mode runs; a change here needs the same change there.
 """
 from __future__ import annotations
@@ -40,13 +44,18 @@ from typing import Any
 
 import numpy as np
 
-from policies.continuous import ContinuousBatching
+from sim.core import rules
+from sim.core.scheduling import SchedulingSpec
 from sim.core.types import BatchShape, StepCost
 from sim.cost.base import AggregateCost, PrefillCost
+from sim.engine.coverage import fast_path_blocker
 from sim.engine.replica import never_fits
 from sim.engine.validate import EngineError
 from sim.kv.config import KVConfig
 from sim.metrics.summary import StepLog
+
+__all__ = ["FastResult", "StepCosts", "arrival_rejections", "fast_path_blocker",
+           "run_continuous"]
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
 #: Decode steps one numpy stretch covers at most / at least (below it, stepping is faster).
@@ -59,27 +68,6 @@ FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes")
 #: no padding, prefix cache or swapping).
 ZERO_COLUMNS = frozenset({"replica", "num_padding_tokens", "num_padding_rows",
                           "kv_cached_blocks", "swap_s", "swapped_bytes"})
-
-
-def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, checks: bool,
-                      event_skipping: bool) -> str:
-    """Why this run cannot take the fast path ('' when it can)."""
-    if type(policy) is not ContinuousBatching:
-        return "policy is not the built-in continuous batching"
-    if policy.ordering != "fcfs":
-        return "continuous batching with a non-FCFS ordering"
-    if policy.mode == "orca" and not callable(getattr(cost, "mixed_step", None)):
-        return "Orca mode with a cost model that has no mixed_step"
-    if kv.allocator != "paged" or kv.preemption != "recompute" or kv.prefix_caching:
-        return "slab allocation, swap preemption or prefix caching"
-    if checks or not event_skipping:
-        return "per-step invariant checks or event skipping off"
-    if not callable(getattr(cost, "decode_step", None)):
-        return "the cost model has no decode_step"
-    model = getattr(cost, "model", None)
-    if getattr(model, "sliding_window", None) is not None:
-        return "a sliding-window model"
-    return ""
 
 
 class StepCosts:
@@ -102,7 +90,7 @@ class StepCosts:
     def mixed(self, rows: int, kv_tokens: int, c_min: int, c_max: int,
               prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
         """Cost of ``rows`` decodes batched with whole ``prompts`` (``cost.mixed_step``)."""
-        assert self._mixed is not None  # Orca mode: fast_path_blocker checked it
+        assert self._mixed is not None  # mixed composition: fast_path_blocker checked it
         s = self._mixed(rows, kv_tokens, c_min, c_max, prompts)
         return s.seconds, s.flops, s.bytes, s.bound
 
@@ -163,12 +151,14 @@ class FastResult:
 
 
 def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
-                   policy: ContinuousBatching, cost: Any, kv: KVConfig, log: StepLog, *,
+                   spec: SchedulingSpec, cost: Any, kv: KVConfig, log: StepLog, *,
                    max_model_len: int | None, horizon_s: float | None,
-                   deadline: float | None, replica: int = 0) -> FastResult:
+                   deadline: float | None, replica: int = 0,
+                   name: str = "continuous") -> FastResult:
     """Simulate requests given as arrival times (sorted; ties in id order), prompt and
-    output lengths, on replica number ``replica``; fill ``log`` (this replica's alone) and
-    return the outcomes in that order."""
+    output lengths, on replica number ``replica``, under ``spec`` (one that
+    ``fast_path_blocker`` admits) of the policy called ``name``; fill ``log`` (this replica's
+    alone) and return the outcomes in that order."""
     n = len(arrival)
     res = FastResult(n)
     first_sched, first_tok, finish = res.first_scheduled_s, res.first_token_s, res.finish_s
@@ -182,11 +172,12 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
 
     bs, num_blocks = kv.block_size, kv.num_blocks
     capacity = kv.capacity_tokens
-    max_seqs, max_tokens = policy.max_num_seqs, policy.max_num_batched_tokens
-    orca = policy.mode == "orca"  # new prompts share steps with the decodes
-    mark_blocks = int(policy.watermark * num_blocks) if num_blocks < (1 << 40) else 0
+    max_seqs, max_tokens = spec.max_num_seqs, spec.max_num_batched_tokens
+    orca = spec.composition == "mixed"  # new prompts share steps with the decodes
+    mark_blocks = rules.watermark_blocks(spec.watermark, num_blocks)
     limit = kv.max_preemptions
     costs = StepCosts(cost)
+    admits, blocks_for = rules.admits, rules.blocks_for
     for_rows, uses_min = costs.for_rows, costs.uses_min
     decode_by_rows: dict[int, Any] = {}  # batch size -> ``decode_step`` with it bound
 
@@ -348,8 +339,8 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         chosen = []
         for i in chain(reversed(preempted), waiting) if preempted else waiting:
             tokens = prompt[i] + gen[i]
-            blocks = -(-tokens // bs)
-            if seats < 1 or tokens > budget or free - blocks < mark:
+            blocks = blocks_for(tokens, bs)
+            if not admits(seats, tokens, budget, free, blocks, mark):
                 break  # head-of-line: later requests wait behind this one
             seats -= 1
             budget -= tokens
@@ -653,7 +644,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
             if nxt >= n:
                 queued = len(waiting) + len(preempted)
                 raise EngineError(
-                    f"policy {policy.name!r} stalled at t={now:.6f}s: empty plan, no wake_at_s,"
+                    f"policy {name!r} stalled at t={now:.6f}s: empty plan, no wake_at_s,"
                     f" no arrivals left, {queued} waiting and 0 running")
             now = arrival[nxt]
     for i in running:  # cut short (horizon, wall clock): materialize who is still running

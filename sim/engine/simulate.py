@@ -11,14 +11,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import simpy
 
 from policies import make_policy
-from policies.continuous import ContinuousBatching
 from policies.registry import Policy
 from sim.core.arrays import TraceArrays
 from sim.core.errors import InputError
@@ -26,7 +25,8 @@ from sim.core.state import Seq
 from sim.core.types import Request
 from sim.cost.base import CostModel
 from sim.engine import fastkernel
-from sim.engine.fastpath import FastResult, fast_path_blocker, run_continuous
+from sim.engine.coverage import compiled_spec_blocker, fast_path_blocker, spec_of
+from sim.engine.fastpath import FastResult, run_continuous
 from sim.engine.inputs import check_run_limits, request_columns
 from sim.engine.replica import Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
@@ -63,6 +63,13 @@ class SimResult:
     engine_profile: str = "none"
     #: ``"full"`` (``steps`` has one row per step) or ``"buckets"`` (``sim.metrics.stream``).
     step_table: str = "full"
+    #: Which simulator engine ran: ``"compiled"`` (the numba kernel), ``"fast"`` (the
+    #: interpreted fast path) or ``"general"`` (``sim.engine.replica``); replicas that took
+    #: different ones are listed, e.g. ``"compiled+fast"``.
+    engine: str = "general"
+    #: Why no faster engine ran ('' for the compiled kernel): the setting that sent the run to
+    #: the fast path or the general engine (``sim.engine.coverage``).
+    engine_reason: str = ""
 
     @property
     def irregular_itl(self) -> list[float]:
@@ -97,9 +104,11 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     end a run early; its summary then says ``partial: True``. ``max_model_len`` rejects
     requests whose prompt + output exceed it (vLLM's context limit); ``"model"`` takes the cost
     model's ``model.max_position_embeddings`` when it has one, ``None`` means no limit.
-    ``fast_path`` lets a run the exact fast path covers (``sim.engine.fastpath``: FCFS continuous
-    batching, vLLM or Orca mode, paged KV with recompute) use it; ``False`` forces the general
-    engine. ``True`` runs replicas with at least ``COMPILED_MIN_REQUESTS`` requests in vLLM mode
+    ``fast_path`` lets a run the exact fast path covers (``sim.engine.fastpath``; the allow-list
+    of ``sim.engine.coverage``: whole-prompt FCFS specifications such as continuous batching in
+    vLLM or Orca mode, paged KV with recompute) use it; ``False`` forces the general engine.
+    ``SimResult.engine`` and ``engine_reason`` say which engine ran and why no faster one did.
+    ``True`` runs replicas with at least ``COMPILED_MIN_REQUESTS`` requests in vLLM mode
     (roofline, constant or linear cost) through the compiled kernel (``sim.engine.fastkernel``) and
     the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose one of the two whatever
     the size (``"compiled"`` falls back to interpreted where the kernel does not apply). All give
@@ -131,17 +140,20 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     def new_log() -> StepLog:
         return make_step_log(step_table, cols["arrival_s"], warmup_s, cooldown_s,
                              policies[0].slot_capacity, kv_config.block_size)
-    if fast_path and not fast_path_blocker(policies[0], kv_config, cost, checks=checks,
-                                           event_skipping=event_skipping):
+    reason = fast_path_blocker(policies[0], kv_config, cost, checks=checks,
+                               event_skipping=event_skipping) if fast_path else "fast_path=False"
+    engines: list[tuple[str, str]] = [("general", reason)]
+    if not reason:
         # replicas never interact: each runs alone on its round-robin share
         if cols["id"].dtype == object:
             raise InputError("must all be integers on the fast path", field="requests[].id")
         cols = _arrival_order(cols)
         logs = [new_log() for _ in policies]
-        outs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
+        runs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
                           fast_path, max_model_len=limit, horizon_s=horizon_s,
                           deadline=deadline) for k in range(num_replicas)]
-        table = _fast_request_table(cols, outs)
+        engines = [(engine, why) for _, engine, why in runs]
+        table = _fast_request_table(cols, [out for out, _, _ in runs])
     else:
         if isinstance(requests, TraceArrays):
             requests = requests.to_requests()
@@ -171,8 +183,11 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         kv_block_size=kv_config.block_size, stream=stream)
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
+    names = dict.fromkeys(engine for engine, _ in engines)
+    reasons = dict.fromkeys(why for _, why in engines if why)
     return SimResult(table, steps, summary, (gaps, counts), kv_config, engine_profile(cost),
-                     "buckets" if stream is not None else "full")
+                     "buckets" if stream is not None else "full", "+".join(names),
+                     "; ".join(reasons))
 
 
 def _bucketed(logs: list[StepLog], table: pd.DataFrame) -> StepStream | None:
@@ -204,21 +219,31 @@ _FAST_PATH_CHOICES = (True, False, "compiled", "interpreted")
 def _run_fast(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Policy,
               cost: CostModel, kv: KVConfig, log: StepLog, choice: bool | str, *,
               max_model_len: int | None, horizon_s: float | None,
-              deadline: float | None) -> FastResult:
-    """Run replica ``k``'s round-robin share on the fast path, compiled or interpreted."""
+              deadline: float | None) -> tuple[FastResult, str, str]:
+    """Run replica ``k``'s round-robin share on the fast path, compiled or interpreted;
+    return its outcomes, the engine that ran it and why no faster one did."""
     arrival, prompt, out = (cols[name][k::num_replicas] for name in
                             ("arrival_s", "num_prompt_tokens", "num_output_tokens"))
+    spec = spec_of(policy)
+    assert spec is not None  # fast_path_blocker admitted only presets of the specification
     large = len(arrival) >= fastkernel.COMPILED_MIN_REQUESTS
-    if ((choice == "compiled" or (choice is True and large))
-            and not fastkernel.compiled_blocker(policy, cost, len(arrival))):
+    why = compiled_spec_blocker(spec)
+    if why:
+        pass
+    elif choice == "interpreted":
+        why = "fast_path='interpreted'"
+    elif choice is True and not large:
+        why = (f"{len(arrival)} requests on the replica, fewer than the "
+               f"{fastkernel.COMPILED_MIN_REQUESTS} that repay loading the compiled kernel")
+    else:  # the cost model, the table sizes, numba itself
+        why = fastkernel.compiled_blocker(policy, cost, len(arrival))
+    if not why:
         return fastkernel.run_continuous_compiled(
             arrival, prompt, out, policy, cost, kv, log, max_model_len=max_model_len,
-            horizon_s=horizon_s, deadline=deadline, replica=k)
-    # fast_path_blocker admitted only continuous batching onto this path
-    return run_continuous(arrival.tolist(), prompt.tolist(), out.tolist(),
-                          cast(ContinuousBatching, policy), cost, kv, log,
+            horizon_s=horizon_s, deadline=deadline, replica=k), "compiled", ""
+    return run_continuous(arrival.tolist(), prompt.tolist(), out.tolist(), spec, cost, kv, log,
                           max_model_len=max_model_len, horizon_s=horizon_s, deadline=deadline,
-                          replica=k)
+                          replica=k, name=policy.name), "fast", why
 
 
 def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv: KVConfig,

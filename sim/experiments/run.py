@@ -51,7 +51,7 @@ class ReportWriter(Protocol):
 
 
 #: Summary entries that vary between identical runs (timings) and stay out of summary.csv.
-VOLATILE = ("wall_s",)
+VOLATILE = ("wall_s", "sim_engine", "sim_engine_reason")
 
 
 def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
@@ -97,6 +97,12 @@ def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, 
         run_serial(args, on_done)
     else:
         run_pool(args, jobs, on_done)
+
+
+def fallback_message(reasons: dict[str, int]) -> str:
+    """The console line naming why runs took the general engine (``SimResult.engine_reason``)."""
+    parts = [f"{why} ({n} run{'s' if n > 1 else ''})" for why, n in reasons.items()]
+    return "batchsim: general engine (slower, exact) for: " + "; ".join(parts)
 
 
 def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
@@ -181,6 +187,8 @@ def _run_locked(path: Path, raw: dict[str, Any], overrides: list[str] | None,
                      f"{len(runs) - len(todo)} already done (engine profile: {engines})")
     progress.start()
 
+    general: dict[str, int] = {}  # why runs fell back to the general engine -> how many
+
     def on_done(rid: str, result: dict[str, Any]) -> None:
         error = result.get("error")
         if error is None and finished_summary(out / "runs" / rid) is None:
@@ -190,6 +198,9 @@ def _run_locked(path: Path, raw: dict[str, Any], overrides: list[str] | None,
                 f"{out / 'runs' / rid}; the workers must write into this folder (a shared "
                 "filesystem mounted at the same path)")
         progress.advance(rid, error)
+        if result.get("sim_engine") == "general":
+            why = result.get("sim_engine_reason") or "unknown"
+            general[why] = general.get(why, 0) + 1
 
     try:
         _execute(todo, base_dir, out, jobs, executor, address, on_done)
@@ -207,6 +218,8 @@ def _run_locked(path: Path, raw: dict[str, Any], overrides: list[str] | None,
     draw = base["output"]["plots"] if plots is None else plots
     if len(summary) and report is not None:
         report(out, base, runs, summary, plots=draw)
+    if general:
+        progress.message(fallback_message(general))
     if failed:
         progress.message(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
     # Runs that failed this time or earlier: their first error line, for the CLI to report.

@@ -176,6 +176,9 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str) -> d
     atomic_write(folder / "itl_irregular.npy", save_itl)
     summary = {**res.summary, "run_id": rid, "batchsim_version": __version__,
                "wall_s": round(time.perf_counter() - t0, 3),
-               "num_blocks": res.kv.num_blocks if res.kv and not res.kv.unlimited else None}
+               "num_blocks": res.kv.num_blocks if res.kv and not res.kv.unlimited else None,
+               # which simulator engine ran and why no faster one did (not a result: kept
+               # out of summary.csv, reported on the console)
+               "sim_engine": res.engine, "sim_engine_reason": res.engine_reason}
     write_json(folder / "summary.json", summary)
     return summary

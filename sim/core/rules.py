@@ -1,0 +1,91 @@
+"""The scalar scheduling rules, written once: KV blocks, the admission test, the victim choice.
+
+Each rule is a plain function of integers and floats (no objects, no ``None``: an absent slab
+reservation is 0 tokens, an absent limit a huge number), so the same source serves three
+callers: the Python reference interpreter of the scheduling specification
+(``policies.scheduler``), the general engine (``KVView.blocks_needed``, plan validation, KV
+growth) and the compiled kernel, which compiles these very functions with ``numba.njit``
+instead of restating them. Changing a rule here changes it everywhere.
+
+Vocabulary: a sequence that has computed ``num_computed_tokens`` and holds ``num_blocks``
+blocks of ``block_size`` tokens; a slab allocator reserves at least ``floor_tokens`` on the
+first allocation.
+"""
+from __future__ import annotations
+
+#: Total blocks at or above which a cache counts as unlimited (``sim.kv.config.UNLIMITED_BLOCKS``).
+UNLIMITED_BLOCKS = 1 << 40
+
+#: Victim rules (``SchedulingSpec.victim``) as the small integers the kernel sees.
+VICTIM_NEWEST, VICTIM_PRIORITY, VICTIM_DEADLINE = 0, 1, 2
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold ``num_tokens`` tokens (exact integer ceiling)."""
+    return -(-num_tokens // block_size)
+
+
+def target_tokens(num_tokens: int, floor_tokens: int) -> int:
+    """Tokens a sequence's blocks must cover: what it computes, at least its slab floor."""
+    return num_tokens if num_tokens >= floor_tokens else floor_tokens
+
+
+def blocks_needed(num_tokens: int, floor_tokens: int, num_blocks: int, block_size: int) -> int:
+    """Extra blocks a sequence holding ``num_blocks`` needs to hold ``num_tokens`` computed
+    tokens (at least ``floor_tokens``: its slab reservation, 0 when paged)."""
+    target = num_tokens if num_tokens >= floor_tokens else floor_tokens
+    need = -(-target // block_size) - num_blocks
+    return need if need > 0 else 0
+
+
+def slab_floor(num_prompt_tokens: int, reserve_tokens: int, reserve_output_tokens: int) -> int:
+    """The slab reservation of a sequence in tokens: prompt + ``reserve_output_tokens`` when
+    that is set (>= 0), else ``reserve_tokens`` (0: paged, no reservation)."""
+    if reserve_output_tokens >= 0:
+        return num_prompt_tokens + reserve_output_tokens
+    return reserve_tokens
+
+
+def watermark_blocks(watermark: float, total_blocks: int) -> int:
+    """Blocks kept free at admission: ``watermark`` × total (0 for an unlimited cache)."""
+    return int(watermark * total_blocks) if total_blocks < UNLIMITED_BLOCKS else 0
+
+
+def admits(seats: int, tokens: int, budget_tokens: int, free_blocks: int, blocks: int,
+           mark_blocks: int) -> bool:
+    """The whole-prompt admission test: a free sequence slot, the tokens within the step's
+    budget, and the blocks leaving at least the watermark free."""
+    return seats >= 1 and tokens <= budget_tokens and free_blocks - blocks >= mark_blocks
+
+
+def max_fitting_tokens(num_computed_tokens: int, num_blocks: int, floor_tokens: int,
+                       block_size: int, free_blocks: int, cap: int) -> int:
+    """The most new tokens (at most ``cap``) whose KV fits in ``free_blocks`` (0 if none).
+
+    Chunked admission sizes a chunk by what the cache can hold rather than skipping the
+    request; for a slab the first allocation must also cover the whole reservation.
+    """
+    if cap < 1 or free_blocks < 0:
+        return 0
+    room = (num_blocks + free_blocks) * block_size - num_computed_tokens
+    n = cap if cap <= room else room
+    if n < 1 or blocks_needed(num_computed_tokens + n, floor_tokens, num_blocks,
+                              block_size) > free_blocks:
+        return 0
+    return n
+
+
+def outranks(victim: int, priority: int, deadline_s: float, best_priority: int,
+             best_deadline_s: float) -> bool:
+    """Whether an older candidate is a better preemption victim than the best one so far.
+
+    Candidates are scanned from the newest to the oldest, so ties go to the newest:
+    ``VICTIM_NEWEST`` never prefers an older one; ``VICTIM_PRIORITY`` prefers the lower
+    priority value (the less important request, as vLLM's priority scheduler does);
+    ``VICTIM_DEADLINE`` the later TTFT deadline.
+    """
+    if victim == VICTIM_PRIORITY:
+        return priority < best_priority
+    if victim == VICTIM_DEADLINE:
+        return deadline_s > best_deadline_s
+    return False

@@ -1,0 +1,188 @@
+"""The scheduling specification: an iteration-level batching policy written as data.
+
+``SchedulingSpec`` says what one scheduler does each step — how a step is composed, how prompts
+are admitted, the limits, the watermark, the waiting-queue order and the preemption victim —
+and ``policies.scheduler`` is its one reference interpreter. The built-in ``continuous`` and
+``chunked_prefill`` policies are presets of it. Each field declares its domain as data
+(``Domain`` in the field's metadata): validation, the documentation table and the tests'
+random specifications are all derived from it, so a new field or value is validated,
+documented and exercised without anyone listing it again. Choices are small integers in the
+order of their ``choices`` (``SchedulingSpec.code``), which is how a compiled interpreter sees
+them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.core.errors import InputError
+
+
+@dataclass(frozen=True)
+class Domain:
+    """The values a specification field accepts.
+
+    ``kind`` is ``"choice"`` (one of ``choices``), ``"int"`` or ``"float"`` (in
+    [``minimum``, ``maximum``], the maximum excluded when ``max_exclusive``; ``optional``
+    allows ``null``), or ``"targets"`` (``null`` or a mapping of integer priority classes to
+    seconds > 0).
+    """
+
+    kind: str
+    doc: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    max_exclusive: bool = False
+    optional: bool = False
+
+    def problem(self, value: Any) -> str:
+        """Why ``value`` is outside this domain ('' when it is inside)."""
+        if value is None:
+            return "" if self.optional or self.kind == "targets" else "must not be null"
+        if self.kind == "choice":
+            ok = isinstance(value, str) and value in self.choices
+            return "" if ok else f"unknown {value!r}; accepted: {self.choices}"
+        if self.kind == "targets":
+            if not isinstance(value, Mapping):
+                return f"must be a mapping of priority to seconds, got {value!r}"
+            for k, v in value.items():
+                if not _is_int(k) or not _is_real(v) or not math.isfinite(v) or v <= 0:
+                    return f"each entry must be integer priority: seconds > 0, got {k!r}: {v!r}"
+            return ""
+        if self.kind == "int" and not _is_int(value):
+            return f"must be {'null or ' if self.optional else ''}an integer, got {value!r}"
+        if self.kind == "float" and (not _is_real(value) or not math.isfinite(value)):
+            return f"must be a finite number, got {value!r}"
+        low = self.minimum is not None and value < self.minimum
+        high = self.maximum is not None and (value >= self.maximum if self.max_exclusive
+                                             else value > self.maximum)
+        return f"must be in {self.describe()}, got {value!r}" if low or high else ""
+
+    def describe(self) -> str:
+        """The domain in words, for messages and the documentation table."""
+        if self.kind == "choice":
+            return " \\| ".join(f"`{c}`" for c in self.choices)
+        if self.kind == "targets":
+            return "null or {priority: seconds > 0}"
+        low = "-inf" if self.minimum is None else f"{self.minimum:g}"
+        high = "inf" if self.maximum is None else f"{self.maximum:g}"
+        text = f"[{low}, {high}{')' if self.max_exclusive or self.maximum is None else ']'}"
+        return ("null or " if self.optional else "") + ("integer " if self.kind == "int"
+                                                         else "") + text
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _field(default: Any, domain: Domain) -> Any:
+    return field(default=default, metadata={"domain": domain})
+
+
+COMPOSITIONS = ("prefill_first", "mixed", "decode_first")
+ADMISSIONS = ("whole", "chunked")
+ORDERS = ("fcfs", "spf", "priority", "edf")
+VICTIMS = ("newest", "priority", "deadline")
+
+
+@dataclass(frozen=True)
+class SchedulingSpec:
+    """What an iteration-level scheduler does each step (the fields' domains: ``domains()``).
+
+    Defaults are vLLM v1's scheduler: decode-first steps with chunked prefill.
+    """
+
+    composition: str = _field("decode_first", Domain(
+        "choice", "What one step runs: `prefill_first` (a step that admits prompts runs only "
+        "their prefill, decodes wait: vLLM v0), `mixed` (whole prompts join the running "
+        "decodes: Orca), `decode_first` (decodes, then running prefill chunks, then new "
+        "prompts in what is left of the budget: Sarathi-Serve, vLLM v1).",
+        choices=COMPOSITIONS))
+    admission: str = _field("chunked", Domain(
+        "choice", "How a prompt enters: `whole` (all of it in one step; a prompt longer than "
+        "`max_num_batched_tokens` is rejected) or `chunked` (pieces of at most `chunk_size`, "
+        "sized to the free KV; `decode_first` only).", choices=ADMISSIONS))
+    chunk_size: int | None = _field(None, Domain(
+        "int", "Most prefill tokens one request gets per step (`null`: the budget); "
+        "`chunked` admission only.", minimum=1, optional=True))
+    max_num_seqs: int = _field(256, Domain(
+        "int", "Running requests (batch rows); with `decode_first` at most "
+        "`max_num_batched_tokens`, so every running decode fits in one step.", minimum=1))
+    max_num_batched_tokens: int = _field(2048, Domain(
+        "int", "Tokens per step (the token budget).", minimum=1))
+    watermark: float = _field(0.01, Domain(
+        "float", "Share of KV blocks kept free when admitting new prompts while others run.",
+        minimum=0.0, maximum=1.0, max_exclusive=True))
+    order: str = _field("fcfs", Domain(
+        "choice", "Waiting-queue order: `fcfs` (preempted first, then arrival), `spf` "
+        "(shortest prompt first), `priority` (higher value first), `edf` (earliest TTFT "
+        "deadline: arrival + the target of the request's priority class); ties keep the "
+        "`fcfs` order.", choices=ORDERS))
+    victim: str = _field("newest", Domain(
+        "choice", "Who is preempted when KV runs out: `newest` (last admitted), `priority` "
+        "(lowest priority value, as vLLM's priority scheduler), `deadline` (latest TTFT "
+        "deadline); ties go to the newest.", choices=VICTIMS))
+    ttft_target_s: float = _field(1.0, Domain(
+        "float", "TTFT target of a priority class not in `ttft_targets_s` (`edf`, "
+        "`deadline`).", minimum=0.0, maximum=1e9))
+    ttft_targets_s: Mapping[int, float] | None = _field(None, Domain(
+        "targets", "TTFT target in seconds per priority class (a request's `priority` "
+        "value), e.g. `{0: 2.0, 1: 0.5}`."))
+
+    def __post_init__(self) -> None:
+        bad = self.problem()
+        if bad:
+            raise InputError(bad[1], field=f"policy.{bad[0]}")
+
+    def problem(self) -> tuple[str, str] | None:
+        """The first ``(field, problem)`` of an invalid specification, else ``None``: each
+        field against its domain, then the rules that join fields."""
+        for f in dataclasses.fields(self):
+            why = f.metadata["domain"].problem(getattr(self, f.name))
+            if why:
+                return f.name, why
+        if self.admission == "chunked" and self.composition != "decode_first":
+            return "admission", (f"'chunked' needs composition 'decode_first', got "
+                                 f"{self.composition!r}")
+        if self.chunk_size is not None and self.admission != "chunked":
+            return "chunk_size", "applies to 'chunked' admission only; use null"
+        if self.composition == "decode_first" and self.max_num_seqs > self.max_num_batched_tokens:
+            return "max_num_seqs", (f"{self.max_num_seqs} > max_num_batched_tokens="
+                                    f"{self.max_num_batched_tokens}: every running decode "
+                                    "must fit in one step's budget")
+        return None
+
+    def code(self, name: str) -> int:
+        """A choice field's value as the small integer a compiled interpreter sees."""
+        return domains()[name].choices.index(getattr(self, name))
+
+    def target_s(self, priority: int) -> float:
+        """The TTFT target of a request of this priority class."""
+        targets = self.ttft_targets_s
+        if targets:
+            return float(targets.get(priority, self.ttft_target_s))
+        return self.ttft_target_s
+
+
+def domains() -> dict[str, Domain]:
+    """Every field of ``SchedulingSpec`` with its domain, in declaration order."""
+    return {f.name: f.metadata["domain"] for f in dataclasses.fields(SchedulingSpec)}
+
+
+def spec_table() -> str:
+    """The documentation table of the specification, generated from the field domains."""
+    lines = ["| field | default | values | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(SchedulingSpec):
+        d: Domain = f.metadata["domain"]
+        default = "null" if f.default is None else f"`{f.default}`"
+        lines.append(f"| `{f.name}` | {default} | {d.describe()} | {d.doc} |")
+    return "\n".join(lines)

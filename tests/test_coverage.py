@@ -1,0 +1,196 @@
+"""The fast paths fail closed: an allow-list over every specification and KV field.
+
+Specification: every field of ``SchedulingSpec`` and ``KVConfig`` is mapped in
+``sim.engine.coverage`` (a field nobody mapped sends the run to the general engine); a run
+takes the fast path exactly when the allow-list says so, and ``SimResult.engine`` /
+``engine_reason`` say which engine ran and why. The differential test draws whole
+specifications and KV blocks from the field domains themselves (``Domain``, ``KV_FIELDS``), so
+a field or value added later is drawn without anyone listing it, and every run must equal the
+general engine with its invariant checks on, bit for bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import assume, event, given, settings
+from hypothesis import strategies as st
+
+import sim
+from policies import make_policy
+from sim.core.errors import InputError
+from sim.core.fields import OPT, Key
+from sim.core.scheduling import Domain, SchedulingSpec, domains
+from sim.engine import coverage
+from sim.kv.config import KV_FIELDS, KVConfig, resolve_kv
+from tests.test_fastpath import assert_same_run
+
+SPEC_FIELDS = {f.name for f in dataclasses.fields(SchedulingSpec)}
+KV_CONFIG_FIELDS = {f.name for f in dataclasses.fields(KVConfig)}
+
+
+def test_every_spec_and_kv_field_is_mapped():
+    assert set(coverage.FAST_SPEC) == SPEC_FIELDS
+    assert set(coverage.FAST_KV) == KV_CONFIG_FIELDS
+    assert set(coverage.COMPILED_SPEC) <= SPEC_FIELDS
+    for name, allowed in {**coverage.FAST_SPEC, **coverage.COMPILED_SPEC}.items():
+        if allowed is not coverage.ANY and domains()[name].kind == "choice":
+            assert allowed <= set(domains()[name].choices), name
+
+
+def test_an_unmapped_field_sends_the_run_to_the_general_engine(monkeypatch):
+    monkeypatch.setattr(coverage, "FAST_SPEC",
+                        {k: v for k, v in coverage.FAST_SPEC.items() if k != "watermark"})
+    reqs = [sim.Request(i, 0.1 * i, 20, 5) for i in range(5)]
+    res = sim.simulate(reqs, "continuous", sim.ConstantCost(0.01))
+    assert res.engine == "general"
+    assert res.engine_reason == "policy.watermark is not mapped for the fast path"
+
+
+@pytest.mark.parametrize(("policy", "kv", "engine", "reason"), [
+    ("continuous", None, "fast", "fewer than"),
+    ({"name": "scheduler", "composition": "mixed", "admission": "whole"}, None, "fast",
+     "policy.composition='mixed' is not covered by the compiled kernel"),
+    ("chunked_prefill", None, "general",
+     "policy.composition='decode_first' is not covered by the fast path"),
+    ({"name": "scheduler", "composition": "prefill_first", "admission": "whole",
+      "victim": "priority"}, None, "general",
+     "policy.victim='priority' is not covered by the fast path"),
+    ("continuous", {"num_blocks": 50, "prefix_caching": True}, "general",
+     "kv.prefix_caching=True is not covered by the fast path"),
+    ("static", None, "general", "policy 'static' is not a preset"),
+])
+def test_the_result_says_which_engine_ran_and_why(policy, kv, engine, reason):
+    reqs = [sim.Request(i, 0.1 * i, 20, 5) for i in range(5)]
+    res = sim.simulate(reqs, policy, sim.ConstantCost(0.01), kv=kv)
+    assert res.engine == engine and reason in res.engine_reason
+    assert sim.simulate(reqs, policy, sim.ConstantCost(0.01), kv=kv,
+                        fast_path=False).engine_reason == "fast_path=False"
+
+
+def test_batchsim_run_names_the_fallback(tmp_path, capsys):
+    from sim.cli.main import main
+    from tests.test_cli import TINY
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(TINY.replace("{name: continuous, max_num_seqs: 8}",
+                                "{name: chunked_prefill, max_num_seqs: 8}"))
+    assert main(["run", str(exp), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert ("general engine (slower, exact) for: policy.composition='decode_first' is not "
+            "covered by the fast path (2 runs)") in err
+    summary = (Path(tmp_path / "out") / "summary.csv").read_text()
+    assert "sim_engine" not in summary  # how it ran is no result column
+
+
+# -- strategies derived from the field domains ----------------------------------------------------
+def covered_often(values: st.SearchStrategy[Any], allowed: Any) -> st.SearchStrategy[Any]:
+    """``values``, half the time restricted to what the fast path covers (``allowed``), so the
+    differential test meets the fast path often instead of one run in dozens."""
+    if allowed is coverage.ANY:
+        return values
+    return st.sampled_from(sorted(allowed, key=repr)) | values
+
+
+def from_domain(d: Domain) -> st.SearchStrategy[Any]:
+    """Values of one specification field, small enough for short runs."""
+    if d.kind == "choice":
+        return st.sampled_from(d.choices)
+    if d.kind == "targets":
+        return st.none() | st.dictionaries(st.integers(0, 2), st.floats(0.01, 3.0), max_size=3)
+    lo = d.minimum if d.minimum is not None else 0
+    if d.kind == "int":
+        hi = int(lo) + 63 if d.maximum is None else min(int(d.maximum), int(lo) + 63)
+        values: st.SearchStrategy[Any] = st.integers(int(lo), int(lo) + 7) | st.integers(
+            int(lo), hi)
+    else:
+        hi = lo + 3.0 if d.maximum is None else min(d.maximum, lo + 3.0)
+        values = st.floats(lo, hi, exclude_max=d.max_exclusive)
+    return st.none() | values if d.optional else values
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid specification as ``scheduler`` policy parameters, every field drawn."""
+    def value(name: str) -> Any:
+        return draw(covered_often(from_domain(domains()[name]), coverage.FAST_SPEC.get(name)),
+                    label=name)
+
+    fields = {name: value(name) for name in domains()}
+    for _ in range(4):  # redraw the field the specification names as contradicting the others
+        bad = SchedulingSpec.problem(_unchecked(fields))
+        if bad is None:
+            return fields
+        fields[bad[0]] = value(bad[0])
+    assume(SchedulingSpec.problem(_unchecked(fields)) is None)
+    return fields
+
+
+def _unchecked(fields: dict[str, Any]) -> SchedulingSpec:
+    """A ``SchedulingSpec`` built without its validation (to ask it what is wrong)."""
+    spec = object.__new__(SchedulingSpec)
+    for name, value in fields.items():
+        object.__setattr__(spec, name, value)
+    return spec
+
+
+def from_key(key: Key) -> st.SearchStrategy[Any]:
+    """Values of one ``kv`` key (``KV_FIELDS``), small enough for short runs."""
+    if key.choices:
+        base: st.SearchStrategy[Any] = st.sampled_from(key.choices)
+    elif bool in key.types:
+        base = st.booleans()
+    elif int in key.types and float not in key.types:
+        lo = int(key.minimum or 0)
+        base = st.integers(lo, lo + 80)
+    else:
+        lo = float(key.minimum or 0.0)
+        base = st.floats(lo, lo + 50.0, exclude_min=key.exclusive_min)
+    return st.none() | base if OPT in key.types else base
+
+
+kv_blocks = st.none() | st.fixed_dictionaries(
+    {}, optional={name: covered_often(from_key(key), coverage.FAST_KV.get(name))
+                  for name, key in KV_FIELDS.items()})
+
+
+@st.composite
+def traces(draw: st.DrawFn) -> list[sim.Request]:
+    """Small traces with priorities, shared prefixes and ties in arrival time."""
+    n = draw(st.integers(1, 16))
+    reqs = []
+    for i in range(n):
+        prompt = draw(st.integers(1, 90))
+        prefix = draw(st.sampled_from([None, "a", "b"]))
+        reqs.append(sim.Request(i, draw(st.integers(0, 30)) * 0.02, prompt,
+                                draw(st.integers(1, 25)), priority=draw(st.integers(0, 2)),
+                                prefix_id=prefix,
+                                num_prefix_tokens=min(prompt, 32) if prefix else 0))
+    return reqs
+
+
+COSTS = [sim.ConstantCost(0.01), sim.LinearCost(0.002, 1e-4, 1e-3)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(reqs=traces(), fields=specs(), kv=kv_blocks, cost=st.sampled_from(COSTS),
+       horizon_s=st.sampled_from([None, None, 0.3]), num_replicas=st.sampled_from([1, 1, 2]),
+       fast_path=st.sampled_from([True, "compiled"]))
+def test_every_drawn_specification_runs_exactly_as_the_general_engine(
+        reqs, fields, kv, cost, horizon_s, num_replicas, fast_path):
+    try:
+        kv_config = resolve_kv(kv, cost)
+    except InputError:
+        assume(False)  # a drawn block the validation refuses: not a run
+    policy = {"name": "scheduler", **fields}
+    kw = {"policy": policy, "cost": cost, "kv": kv_config, "horizon_s": horizon_s,
+          "num_replicas": num_replicas}
+    fast = sim.simulate(reqs, **kw, fast_path=fast_path)
+    slow = sim.simulate(reqs, **kw, checks=True)  # the reference interpreter, checked
+    assert_same_run(fast, slow)
+    event(f"engine: {fast.engine}")
+    why = coverage.fast_path_blocker(make_policy(policy), kv_config, cost, checks=False,
+                                     event_skipping=True)
+    assert (fast.engine == "general") == bool(why) and (not why or fast.engine_reason == why)
