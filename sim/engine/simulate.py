@@ -25,11 +25,13 @@ from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
 from sim.cost.base import CostModel
+from sim.cost.checked import checked_cost
 from sim.engine import fastkernel
 from sim.engine.fastpath import FastResult, fast_path_blocker, run_continuous
 from sim.engine.inputs import check_run_limits, request_columns
 from sim.engine.replica import Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
+from sim.metrics.fields import check_metric_args
 from sim.metrics.summary import (
     StepLog,
     canonical_irregular,
@@ -105,8 +107,11 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                          f"got {fast_path!r}")
     if num_replicas < 1:
         raise InputError(f"num_replicas must be >= 1, got {num_replicas}")
-    check_run_limits(horizon_s, wall_clock_s)
+    check_run_limits(horizon_s, wall_clock_s,
+                     None if max_model_len == "model" else max_model_len)
+    slo_limits = check_metric_args(warmup_s, cooldown_s, slos)
     cols = request_columns(requests)  # every request checked before anything runs
+    cost = checked_cost(cost)  # a user's model: every step time it returns is checked
     kv_config = resolve_kv(kv, cost)
     limit: int | None = (getattr(getattr(cost, "model", None), "max_position_embeddings", None)
                          if max_model_len == "model" else max_model_len)  # type: ignore[assignment]
@@ -147,7 +152,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         peak_bytes_per_s=getattr(cost, "peak_bytes_per_s", None),
         slot_capacity=policies[0].slot_capacity, num_replicas=num_replicas,
         kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,
-        warmup_s=warmup_s, cooldown_s=cooldown_s, slos=dict(slos) if slos else None,
+        warmup_s=warmup_s, cooldown_s=cooldown_s, slos=slo_limits,
         kv_block_size=kv_config.block_size)
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)

@@ -10,7 +10,9 @@ from typing import Any
 
 from sim.core.fields import INT, MAP, NUM, OPT, STR, Key
 from sim.cost.roofline import DEFAULT_ENGINE
+from sim.engine.inputs import LIMIT_FIELDS
 from sim.kv.config import KV_FIELDS
+from sim.metrics.fields import SLO_FIELDS, WINDOW_FIELDS
 
 SCHEMA: dict[str, Any] = {
     "name": Key(STR, "experiment", "Experiment name, used in titles and the report."),
@@ -42,24 +44,9 @@ SCHEMA: dict[str, Any] = {
     "policy": Key(MAP + STR, None, "One policy: {name: ..., params...}."),
     "policies": Key((list,), None, "Several policies compared side by side (a sweep axis)."),
     "kv": KV_FIELDS,
-    "slos": {
-        "ttft_ms": Key(NUM + (OPT,), None, "Per-request TTFT limit for goodput.", "ms", 0, True),
-        "tpot_ms": Key(NUM + (OPT,), None, "Per-request TPOT limit for goodput.", "ms", 0, True),
-        "e2el_ms": Key(NUM + (OPT,), None, "Per-request E2E limit for goodput.", "ms", 0, True),
-    },
-    "metrics": {
-        "warmup_s": Key(NUM, 0.0, "Ignore requests arriving in the first warmup_s.", "s", 0),
-        "cooldown_s": Key(NUM, 0.0, "Ignore requests arriving in the last cooldown_s.", "s", 0),
-    },
-    "limits": {
-        "horizon_s": Key(NUM + (OPT,), None, "Stop simulated time here (partial results are "
-                         "marked).", "s", 0, True),
-        "wall_clock_s": Key(NUM + (OPT,), None, "Stop a run after this much real time "
-                            "(partial results are marked).", "s", 0, True),
-        "max_model_len": Key(INT + (OPT,), None, "Longest prompt + output a request may "
-                             "reach; default the model's max_position_embeddings (vLLM's "
-                             "rule); longer requests are rejected at arrival.", "tokens", 1),
-    },
+    "slos": SLO_FIELDS,
+    "metrics": WINDOW_FIELDS,
+    "limits": LIMIT_FIELDS,
     "sweep": Key(MAP, None, "dotted.key: [values] — Cartesian product of runs."),
     "zip": Key(MAP, None, "dotted.key: [values] — lists of equal length varied together."),
     "output": {
