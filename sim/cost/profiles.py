@@ -9,7 +9,6 @@ listing the known ones. Units live in field names: ``_gb`` gigabytes, ``_tbps`` 
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,8 +18,15 @@ from typing import Any
 
 import yaml
 
-from sim.core.errors import InputError
 from sim.core.paths import checkout_root
+from sim.cost.profile_schema import (
+    ProfileError,
+    check_engine,
+    check_gpu,
+    check_hf_config,
+    check_model,
+    read_profile_file,
+)
 
 #: Bytes per element of each supported weight / KV dtype. int4 is weight-only (AWQ/GPTQ style).
 DTYPE_BYTES: Mapping[str, float] = {
@@ -29,9 +35,7 @@ DTYPE_BYTES: Mapping[str, float] = {
 
 _KINDS = ("gpus", "models", "engines")
 
-
-class ProfileError(InputError):
-    """A profile is unknown, malformed, or cannot serve the requested configuration."""
+__all__ = ["ProfileError"]  # defined with the profile validator, raised from here too
 
 
 # --------------------------------------------------------------------------- locating files
@@ -72,11 +76,7 @@ def _read(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
     path = Path(text).expanduser()
     if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml", ".json")) or "/" in text:
         if path.is_file():
-            raw = path.read_text(encoding="utf-8")
-            data = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
-            if not isinstance(data, dict):
-                raise ProfileError(f"{path}: expected a mapping at the top level")
-            return data, str(path)
+            return read_profile_file(path), str(path)
         if kind != "models" or path.suffix in (".yaml", ".yml", ".json"):
             raise ProfileError(f"{kind[:-1]} profile file not found: {path}")
     known = _builtin(kind)
@@ -194,6 +194,7 @@ class GpuProfile:
 def load_gpu(name_or_path: str | Path) -> GpuProfile:
     """Load a GPU profile by built-in name (``h100-sxm``) or path to a YAML file."""
     data, origin = _read("gpus", name_or_path)
+    check_gpu(data, origin, set(Calibration.__dataclass_fields__) - {"fit"})
     peaks = data.get("peak_tflops")
     if not isinstance(peaks, dict) or "bf16" not in peaks:
         raise ProfileError(f"{origin}: peak_tflops must be a mapping with at least 'bf16'")
@@ -346,7 +347,9 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     """Load a model spec by built-in name (``llama-3-70b``), HF id, YAML path or config.json."""
     data, origin = _read("models", name_or_path)
     if "num_hidden_layers" in data or "n_layer" in data:
+        check_hf_config(data, origin)
         data = _from_hf_config(data, origin)
+    check_model(data, origin)
     fields = {k: data[k] for k in ModelSpec.__dataclass_fields__ if data.get(k) is not None}
     for key in _MODEL_INTS:
         _num(fields, key, origin)
@@ -376,6 +379,7 @@ class EngineProfile:
 def load_engine(name_or_path: str | Path = "ideal") -> EngineProfile:
     """Load an engine overhead profile by name (``ideal``, ``vllm``) or YAML path."""
     data, origin = _read("engines", name_or_path)
+    check_engine(data, origin)
     return EngineProfile(
         name=str(data.get("name", Path(origin).stem)),
         per_step_s=float(_num(data, "per_step_s", origin, 0.0)),
