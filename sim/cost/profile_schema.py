@@ -143,6 +143,8 @@ def check_table(data: Mapping[str, Any], table: Mapping[str, Key], origin: str,
             if strict:
                 raise _located(unknown_key(str(key), table, path), origin)
             continue
+        if value is None and node.required:
+            continue  # reported as missing below
         try:
             check_value(value, node, path)
         except InputError as e:

@@ -34,6 +34,8 @@ DTYPE_BYTES: Mapping[str, float] = {
 }
 
 _KINDS = ("gpus", "models", "engines")
+#: The config key (and ``build_cost_model`` argument) that names a profile of each kind.
+_ARGUMENT = {"gpus": "hardware", "models": "model", "engines": "engine"}
 
 __all__ = ["ProfileError"]  # defined with the profile validator, raised from here too
 
@@ -78,7 +80,8 @@ def _read(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
         if path.is_file():
             return read_profile_file(path), str(path)
         if kind != "models" or path.suffix in (".yaml", ".yml", ".json"):
-            raise ProfileError(f"{kind[:-1]} profile file not found: {path}")
+            raise ProfileError(f"{kind[:-1]} profile file not found: {path}",
+                               field=_ARGUMENT[kind])
     known = _builtin(kind)
     key = _norm(text)
     if key in known:
@@ -89,7 +92,8 @@ def _read(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
             data = yaml.safe_load(entry.read_text(encoding="utf-8"))
             if str(data.get("hf_id", "")).lower() == text.lower():
                 return data, f"{kind}/{entry.name}"
-    raise ProfileError(f"unknown {kind[:-1]} {text!r}; known: {', '.join(sorted(known))}")
+    raise ProfileError(f"unknown {kind[:-1]} {text!r}; known: {', '.join(sorted(known))}",
+                       field=_ARGUMENT[kind])
 
 
 def list_gpus() -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.fields import INT, MAP, NUM, OPT, STR, Key
+from sim.cost.profiles import DTYPE_BYTES
 from sim.cost.roofline import DEFAULT_ENGINE
 from sim.engine.inputs import LIMIT_FIELDS
 from sim.kv.config import KV_FIELDS
@@ -36,8 +37,8 @@ SCHEMA: dict[str, Any] = {
         "base_s": Key(NUM, 0.0, "linear: fixed seconds per step.", "s", 0),
         "per_token_s": Key(NUM, 0.0, "linear: seconds per token computed.", "s", 0),
         "per_seq_s": Key(NUM, 0.0, "linear: seconds per batch row.", "s", 0),
-        "weight_dtype": Key(STR, "bf16", "roofline: weight dtype (bf16, fp16, fp8, int8, int4)."),
-        "kv_dtype": Key(STR, "bf16", "roofline: KV-cache dtype."),
+        "weight_dtype": Key(STR, "bf16", "roofline: weight dtype.", choices=tuple(DTYPE_BYTES)),
+        "kv_dtype": Key(STR, "bf16", "roofline: KV-cache dtype.", choices=tuple(DTYPE_BYTES)),
     },
     "workload": Key(MAP, None, "Trace replay or synthetic traffic (see traces/README.md "
                     "for its forms).", required=True),

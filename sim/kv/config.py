@@ -23,6 +23,8 @@ UNLIMITED_BLOCKS = 1 << 40
 #: would be an 8 TiB allocation), and a block longer than the longest request
 #: (``MAX_TOKENS``, 10M) is pointless; vLLM's are 16 to 256.
 MAX_BLOCK_SIZE = 1 << 16
+#: Largest activation reserve (GB per GPU): more than any GPU's memory, well within floats.
+MAX_RESERVE_GB = 1e5
 
 ALLOCATORS = ("paged", "slab")
 SLAB_RESERVES = ("max_model_len", "prompt_plus_max_output")
@@ -41,7 +43,8 @@ KV_FIELDS: dict[str, Key] = {
     "gpu_memory_utilization": Key(NUM, 0.9, "Share of HBM the engine may use.", "", 0, True,
                                   maximum=1.0),
     "activation_reserve_gb": Key(NUM + (OPT,), None, "HBM kept for activations per GPU; "
-                                 "default from the cost model.", "GB", 0),
+                                 "default from the cost model.", "GB", 0,
+                                 maximum=MAX_RESERVE_GB),
     "unlimited": Key((bool,), False, "Ignore KV capacity entirely (analytic studies)."),
     "slab_reserve": Key(STR, "max_model_len", "slab: reserve reserve_tokens per sequence "
                         "(max_model_len) or its prompt + max_output_tokens.",

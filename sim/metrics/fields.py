@@ -12,6 +12,7 @@ from typing import Any
 
 from sim.core.errors import InputError
 from sim.core.fields import NUM, OPT, Key, check_value, validate_fields
+from sim.workload.traces import MAX_ARRIVAL_S
 
 #: Per-request latency limits for goodput (keys: ``sim.metrics.summary.SLO_KEYS``).
 SLO_FIELDS: dict[str, Key] = {
@@ -20,10 +21,12 @@ SLO_FIELDS: dict[str, Key] = {
     "e2el_ms": Key(NUM + (OPT,), None, "Per-request E2E limit for goodput.", "ms", 0, True),
 }
 
-#: The measurement window.
+#: The measurement window (no longer than the latest arrival time any workload may have).
 WINDOW_FIELDS: dict[str, Key] = {
-    "warmup_s": Key(NUM, 0.0, "Ignore requests arriving in the first warmup_s.", "s", 0),
-    "cooldown_s": Key(NUM, 0.0, "Ignore requests arriving in the last cooldown_s.", "s", 0),
+    "warmup_s": Key(NUM, 0.0, "Ignore requests arriving in the first warmup_s.", "s", 0,
+                    maximum=MAX_ARRIVAL_S),
+    "cooldown_s": Key(NUM, 0.0, "Ignore requests arriving in the last cooldown_s.", "s", 0,
+                      maximum=MAX_ARRIVAL_S),
 }
 
 
