@@ -101,6 +101,12 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose one of the two whatever
     the size (``"compiled"`` falls back to interpreted where the kernel does not apply). All give
     the same results, bit for bit.
+
+    Every argument a YAML key also sets is checked by that key's rule, with its words:
+    ``horizon_s``, ``wall_clock_s`` and ``max_model_len`` as ``limits.*`` (``None``, not
+    ``inf``, is no limit), ``warmup_s`` and ``cooldown_s`` as ``metrics.*``, ``slos`` as
+    ``slos.*``, ``kv`` as ``kv.*``. A cost model that is not a built-in one has every step
+    time it returns checked (``sim.cost.checked``); all problems raise ``InputError``.
     """
     if fast_path not in _FAST_PATH_CHOICES:
         raise InputError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
