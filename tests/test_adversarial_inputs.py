@@ -133,6 +133,85 @@ def test_workload_bounds_are_checked_before_anything_is_drawn(spec, message):
         _workload(spec)
 
 
+_FIXED = {"dist": "fixed", "value": 8}
+#: Valid workloads of every form, with the keys of each that the mutation below changes.
+WORKLOAD_FORMS: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "synthetic": ({"arrival": {"process": "gamma", "rate": 10.0, "cv": 2.0}, "num_requests": 3,
+                   "duration_s": 100.0, "prompt_tokens": {"dist": "uniform", "lo": 2, "hi": 9,
+                                                          "min": 1, "max": 50},
+                   "output_tokens": {"dist": "lognormal", "median": 5, "sigma": 1.0},
+                   "priority": 1, "tenant": "a"},
+                  ["arrival", "arrival.process", "arrival.rate", "arrival.cv", "num_requests",
+                   "duration_s", "prompt_tokens", "prompt_tokens.dist", "prompt_tokens.lo",
+                   "prompt_tokens.hi", "prompt_tokens.min", "prompt_tokens.max",
+                   "output_tokens.median", "output_tokens.sigma", "priority", "tenant"]),
+    "means": ({"arrival": {"rate": 10.0}, "num_requests": 3,
+               "prompt_tokens": {"dist": "exponential", "mean": 5.0},
+               "output_tokens": {"dist": "lognormal", "mean": 5, "sigma": 1.0}},
+              ["prompt_tokens.mean", "output_tokens.mean"]),
+    "joint": ({"arrival": {"rate": 10.0}, "num_requests": 3,
+               "lengths": {"dist": "empirical", "trace": "sample", "max_prompt_tokens": 100,
+                           "max_output_tokens": 100}},
+              ["lengths", "lengths.dist", "lengths.trace", "lengths.max_prompt_tokens",
+               "lengths.max_output_tokens"]),
+    "trace": ({"trace": "sample", "sort": False, "start_s": 0.0, "duration_s": 1000.0,
+               "max_requests": 50, "rate": 2.0, "max_prompt_tokens": 1000,
+               "max_output_tokens": 1000},
+              ["trace", "sort", "start_s", "duration_s", "max_requests", "rate",
+               "max_prompt_tokens", "max_output_tokens"]),
+    "time_scale": ({"trace": "sample", "time_scale": 2.0}, ["time_scale"]),
+    "superposed": ({"mix": [{"arrival": {"rate": 5.0}, "num_requests": 3,
+                             "prompt_tokens": _FIXED, "output_tokens": _FIXED}],
+                    "duration_s": 100.0}, ["mix", "mix.0", "duration_s"]),
+    "fractions": ({"arrival": {"rate": 5.0}, "num_requests": 4, "max_requests": 3,
+                   "mix": [{"fraction": 0.5, "prompt_tokens": _FIXED, "output_tokens": _FIXED},
+                           {"fraction": 0.5, "trace": "sample"}]},
+                  ["max_requests", "mix.0.fraction", "mix.1.trace"]),
+    "conversations": ({"conversations": {
+        "num_conversations": 3, "rate": 1.0, "turns": [1, 3],
+        "user_tokens": {"median": 20, "sigma": 1.0}, "output_tokens": 5, "think_time_s": 2.0,
+        "max_context_tokens": 500}},
+        ["conversations", *(f"conversations.{k}" for k in (
+            "num_conversations", "rate", "turns", "user_tokens", "user_tokens.sigma",
+            "user_tokens.median", "output_tokens", "think_time_s", "max_context_tokens"))]),
+}
+
+
+def _set_in(data: Any, path: str, value: Any) -> None:
+    """Set a dotted path whose numeric parts index lists (``mix.0.fraction``)."""
+    *parents, last = path.split(".")
+    for part in parents:
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    if isinstance(data, list):
+        data[int(last)] = value
+    else:
+        data[last] = value
+
+
+@pytest.mark.parametrize("form", WORKLOAD_FORMS)
+def test_every_workload_key_builds_or_names_itself_for_every_bad_value(form):
+    """Each bad value builds, or is one ``InputError`` naming the key or a block enclosing it
+    (a rule across keys, like fractions summing to 1, names the block)."""
+    spec, paths = WORKLOAD_FORMS[form]
+    _workload(spec)  # the unchanged form is valid
+    for path in paths:
+        parts = path.split(".")
+        # workload.a.b, workload.a (not the bare workload); list indices as [i]
+        names = ["workload" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in parts[:k])
+                 for k in range(1, len(parts) + 1)]
+        for value in BAD_VALUES:
+            changed = copy.deepcopy(spec)
+            _set_in(changed, path, copy.deepcopy(value))
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                try:
+                    _workload(changed)
+                except InputError as e:
+                    assert any(n in str(e) for n in names), f"{path}={value!r}: {e}"
+                except Exception as e:  # noqa: BLE001 - what the test is about
+                    pytest.fail(f"{path}={value!r}: {type(e).__name__}: {e}")
+
+
 def test_conversations_within_the_caps_still_build():
     arr = _workload({"conversations": {"num_conversations": 5, "turns": [1, 1000],
                                        "user_tokens": {"median": 9, "sigma": 0}}})
@@ -185,6 +264,17 @@ class _Aggregate(sim.ConstantCost):
      r"^num_prompt_tokens: must have one value per request"),
     ({"requests": TraceArrays(np.zeros(2), np.ones(3, np.int64), np.ones(3, np.int64))},
      r"^num_prompt_tokens: must have one value per request"),
+    ({"requests": None}, r"^requests: expected a sequence of Request or a TraceArrays"),
+    ({"requests": [{"id": 0}]}, r"^requests\[0\]: expected a Request, got dict"),
+    ({"requests": TraceArrays(np.zeros((2, 2)), np.ones(2, np.int64), np.ones(2, np.int64))},
+     r"^arrival_s: must be a 1-D array"),
+    ({"cost": None}, r"^cost: expected a cost model"),
+    ({"cost": "roofline"}, r"^cost: expected a cost model"),
+    ({"num_replicas": "2"}, r"^num_replicas: expected int"),
+    ({"num_replicas": 0}, r"^num_replicas: must be >= 1"),
+    ({"seed": -1}, r"^seed: must be >= 0"),
+    ({"kv": 5}, r"^kv: expected a mapping, a KVConfig or None"),
+    ({"policy": 5}, r"^policy: expected a mapping with a 'name' key"),
     ({"slos": {"foo_ms": 5}},
      r"^slos\.foo_ms: unknown key .*; accepted: ttft_ms, tpot_ms, e2el_ms$"),
     ({"slos": {"ttft_ms": -1}}, r"^slos\.ttft_ms: must be > 0"),

@@ -31,11 +31,15 @@ _SECONDS: dict[str, Callable[[Any], Any]] = {
 
 
 def checked_cost(cost: Any) -> Any:
-    """``cost`` itself when it is a built-in model, else a proxy checking every step time."""
+    """``cost`` itself when it is a built-in model, else a proxy checking every step time
+    (``InputError`` when ``cost`` has no ``step`` at all)."""
     from sim.cost.roofline import RooflineCost
 
     if type(cost) in (ConstantCost, LinearCost, RooflineCost):
         return cost
+    if not callable(getattr(cost, "step", None)):
+        raise InputError(f"expected a cost model (an object with step(shape) -> StepCost), "
+                         f"got {type(cost).__name__}", field="cost")
     return CheckedCost(cost)
 
 

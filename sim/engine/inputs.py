@@ -40,6 +40,14 @@ def request_columns(requests: Sequence[Request] | TraceArrays) -> dict[str, np.n
     """
     if isinstance(requests, TraceArrays):
         return _columns_from_arrays(requests)
+    if not isinstance(requests, Sequence) or isinstance(requests, str | bytes):
+        raise InputError(f"expected a sequence of Request or a TraceArrays, got "
+                         f"{type(requests).__name__}", field="requests")
+    wrong = {t for t in set(map(type, requests)) if not issubclass(t, Request)}
+    if wrong:
+        i = next(i for i, r in enumerate(requests) if type(r) in wrong)
+        raise InputError(f"expected a Request, got {type(requests[i]).__name__}",
+                         field=f"requests[{i}]")
     return _columns_from_requests(requests)
 
 
@@ -55,11 +63,25 @@ LIMIT_FIELDS: dict[str, Key] = {
 }
 
 
+#: The YAML's ``seed`` and ``parallelism.replicas``, ``sim.simulate``'s ``seed`` and
+#: ``num_replicas``.
+SEED = Key(INT, 0, "Seed of every random draw (workload generation, resampling).",
+           minimum=0, maximum=2**63 - 1)
+REPLICAS = Key(INT, 1, "Model replicas; requests are routed round-robin.", minimum=1,
+               maximum=4096)
+
+
 def check_run_limits(horizon_s: Any, wall_clock_s: Any, max_model_len: Any = None) -> None:
     """Check ``sim.simulate``'s run limits against ``LIMIT_FIELDS`` (the YAML's rules)."""
     for name, value in (("horizon_s", horizon_s), ("wall_clock_s", wall_clock_s),
                         ("max_model_len", max_model_len)):
         check_value(value, LIMIT_FIELDS[name], name)
+
+
+def check_run_args(seed: Any, num_replicas: Any) -> None:
+    """Check ``sim.simulate``'s ``seed`` and ``num_replicas`` by the YAML keys' rules."""
+    check_value(seed, SEED, "seed")
+    check_value(num_replicas, REPLICAS, "num_replicas")
 
 
 def _show(value: Any) -> str:
@@ -121,8 +143,10 @@ def _columns_from_requests(requests: Sequence[Request]) -> dict[str, np.ndarray]
 
 def _columns_from_arrays(trace: TraceArrays) -> dict[str, np.ndarray]:
     """Validate columnar requests (ids are the row numbers) and return their columns."""
-    n = len(trace)
     arrival = np.asarray(trace.arrival_s)
+    if arrival.ndim != 1:
+        raise InputError(f"must be a 1-D array, got shape {arrival.shape}", field="arrival_s")
+    n = arrival.shape[0]
     if arrival.dtype.kind not in "iuf":
         if arrival.dtype.kind == "O":
             values = arrival.tolist()

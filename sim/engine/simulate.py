@@ -28,7 +28,7 @@ from sim.cost.base import CostModel
 from sim.cost.checked import checked_cost
 from sim.engine import fastkernel
 from sim.engine.fastpath import FastResult, fast_path_blocker, run_continuous
-from sim.engine.inputs import check_run_limits, request_columns
+from sim.engine.inputs import check_run_args, check_run_limits, request_columns
 from sim.engine.replica import Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
 from sim.metrics.fields import check_metric_args
@@ -111,8 +111,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     if fast_path not in _FAST_PATH_CHOICES:
         raise InputError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
                          f"got {fast_path!r}")
-    if num_replicas < 1:
-        raise InputError(f"num_replicas must be >= 1, got {num_replicas}")
+    check_run_args(seed, num_replicas)
     check_run_limits(horizon_s, wall_clock_s,
                      None if max_model_len == "model" else max_model_len)
     slo_limits = check_metric_args(warmup_s, cooldown_s, slos)

@@ -11,15 +11,14 @@ from typing import Any
 from sim.core.fields import INT, MAP, NUM, OPT, STR, Key
 from sim.cost.profiles import DTYPE_BYTES
 from sim.cost.roofline import DEFAULT_ENGINE
-from sim.engine.inputs import LIMIT_FIELDS
+from sim.engine.inputs import LIMIT_FIELDS, REPLICAS, SEED
 from sim.kv.config import KV_FIELDS
 from sim.metrics.fields import SLO_FIELDS, WINDOW_FIELDS
 
 SCHEMA: dict[str, Any] = {
     "name": Key(STR, "experiment", "Experiment name, used in titles and the report."),
     "description": Key(STR, "", "Free text shown in the report."),
-    "seed": Key(INT, 0, "Seed of every random draw (workload generation, resampling).",
-                minimum=0, maximum=2**63 - 1),
+    "seed": SEED,
     "model": Key(STR, "llama-3-8b", "Built-in model name or path to a model YAML / HF "
                  "config.json."),
     "hardware": Key(STR, "h100-sxm", "Built-in GPU name or path to a GPU profile YAML."),
@@ -28,8 +27,7 @@ SCHEMA: dict[str, Any] = {
     "parallelism": {
         "tp": Key(INT, 1, "Tensor-parallel degree (GPUs per replica).", minimum=1,
                   maximum=64),
-        "replicas": Key(INT, 1, "Model replicas; requests are routed round-robin.", minimum=1,
-                        maximum=4096),
+        "replicas": REPLICAS,
     },
     "cost": {
         "kind": Key(STR, "roofline", "Cost model.", choices=("roofline", "constant", "linear")),

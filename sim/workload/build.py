@@ -178,7 +178,8 @@ def _trace(s: _Spec) -> TraceArrays:
             raise WorkloadError(f"{s.key('rate')}: needs at least two distinct arrival times")
         scale = ((len(tr) - 1) / span) / rate  # mean rate = (n-1)/span, i.e. 1/mean gap
     if scale is not None:
-        tr = tr.with_arrivals(tr.arrival_s * scale)
+        with np.errstate(over="ignore"):  # an overflow to inf is refused just below
+            tr = tr.with_arrivals(tr.arrival_s * scale)
         if tr.arrival_s[-1] > MAX_ARRIVAL_S:
             raise WorkloadError(f"{s.key('rate' if rate is not None else 'time_scale')}: "
                                 f"arrivals reach {tr.arrival_s[-1]:.3g} s, beyond "
