@@ -359,8 +359,15 @@ def test_kv_capacity_takes_the_kv_blocks_rules(kwargs, message):
     ({"tp": 0}, r"tp must be a positive integer"),
     ({"tp": "2"}, r"tp must be a positive integer"),
     ({"weight_dtype": "fp7"}, r"unknown weight_dtype 'fp7'"),
+    # the cost-parameter overrides: an efficiency of 0 divided by zero, NaN went through
+    ({"memory_eff": 0}, r"^memory_eff: must be > 0"),
+    ({"memory_eff": float("nan")}, r"^memory_eff: must be finite"),
+    ({"compute_eff_max": -1}, r"^compute_eff_max: must be > 0"),
+    ({"kernel_latency_s": "x"}, r"^kernel_latency_s: expected"),
+    ({"per_step_s": 1e308}, r"^per_step_s: must be <= 86400"),
 ])
 def test_build_cost_model_misuse_is_one_input_error(kwargs, message):
+    """Names, TP, dtypes and parameter overrides of ``sim.build_cost_model``."""
     args = {"model": "llama-3-8b", "hardware": "h100-sxm", **kwargs}
     with pytest.raises(InputError, match=message):
         sim.build_cost_model(**args)
@@ -609,6 +616,23 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
         assert done.returncode == 2, (args, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, done.stderr)
+
+
+def test_integers_at_the_caps_run_in_the_compiled_kernel_exactly():
+    """#15: the largest integers the keys accept run, compiled as interpreted, bit for bit."""
+    n = 2000
+    trace = TraceArrays(np.linspace(0.0, 10.0, n), np.full(n, 50, np.int64),
+                        np.full(n, 20, np.int64))
+    cases = [({"name": "continuous", "max_num_seqs": MAX_INT,
+               "max_num_batched_tokens": MAX_INT}, {"num_blocks": 10_000,
+                                                    "max_preemptions": MAX_INT}),
+             ({"name": "continuous"}, {"num_blocks": 2**40, "block_size": 65536}),
+             ({"name": "continuous", "max_num_seqs": 64}, {"num_blocks": 300,
+                                                            "max_preemptions": MAX_INT})]
+    for policy, kv in cases:
+        finish = [sim.simulate(trace, policy, COST, kv=kv, fast_path=fast, max_model_len=MAX_INT)
+                  .requests["finish_s"].to_numpy() for fast in ("compiled", "interpreted")]
+        assert np.array_equal(*finish)
 
 
 def test_max_int_is_within_the_kernels_int64_range():

@@ -192,6 +192,22 @@ def check_engine(data: Mapping[str, Any], origin: str) -> None:
     check_table(data, ENGINE_FIELDS, origin)
 
 
+def check_overrides(overrides: Mapping[str, Any]) -> None:
+    """Check ``build_cost_model``'s cost-parameter overrides: numbers >= 0 (an efficiency
+    > 0: it divides), ``inf`` only where a parameter means "no limit" (``*_split_tokens``)."""
+    for name, value in overrides.items():
+        efficiency = name in _EFFICIENCIES or name.endswith("_eff")
+        top = (None if name.endswith("_split_tokens") else
+               _MAX_OVERHEAD_S if name.endswith("_s") else _HUGE)  # seconds: at most a day
+        key = Key(NUM, None, name, "", 0, efficiency, top)
+        if name.endswith("_split_tokens") and value == float("inf"):
+            continue
+        try:
+            check_value(value, key, name)
+        except InputError as e:
+            raise ProfileError(e.problem, field=e.field) from None
+
+
 def _located(error: InputError, origin: str) -> ProfileError:
     """``error`` as a ``ProfileError`` naming the profile file."""
     return ProfileError(error.problem, source=origin, field=error.field)
