@@ -470,6 +470,23 @@ def test_unreadable_profile_files_are_one_error_naming_the_file(tmp_path, name, 
         loader(path)
 
 
+def test_the_profile_tables_cover_every_profile_field():
+    """A field added to a profile dataclass needs its line in ``sim.cost.profile_schema``
+    (else files that set it are refused as having an unknown key)."""
+    import dataclasses
+
+    from sim.cost import profile_schema as schema
+    from sim.cost.profiles import EngineProfile, GpuProfile, Interconnect, ModelSpec
+
+    def names(cls: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    assert set(schema.GPU_FIELDS) == names(GpuProfile) - {"origin"}
+    assert set(schema.INTERCONNECT_FIELDS) == names(Interconnect)
+    assert set(schema.MODEL_FIELDS) == names(ModelSpec)
+    assert set(schema.ENGINE_FIELDS) == names(EngineProfile)
+
+
 @pytest.mark.parametrize("kind", ["gpus", "models", "engines"])
 def test_every_builtin_profile_passes_the_validator(kind):
     loader = {"gpus": load_gpu, "models": load_model, "engines": load_engine}[kind]
