@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sim.core.errors import InputError
+from sim.core.fields import check_int_range
 
 if TYPE_CHECKING:  # annotations only: importing sim here would be circular
     from sim.core.types import Plan, View
@@ -126,6 +127,10 @@ def _typed(key: str, value: Any, default: Any) -> Any:
         if isinstance(default, int):
             if isinstance(value, float) and not value.is_integer():
                 raise PolicyError(f"policy.{key}: expected an integer, got {value!r}")
+            try:  # the compiled kernel's integer range, as for every integer config key
+                check_int_range(int(value), f"policy.{key}")
+            except InputError as e:
+                raise PolicyError(str(e)) from None
             return int(value)
     elif isinstance(default, str) and not isinstance(value, str):
         raise PolicyError(f"policy.{key}: expected a string, got {value!r}")

@@ -153,15 +153,18 @@ def test_duplicate_ids_name_both_requests():
 @pytest.mark.parametrize(("kw", "field"), [
     ({"horizon_s": float("nan")}, "horizon_s"), ({"horizon_s": -1.0}, "horizon_s"),
     ({"wall_clock_s": float("nan")}, "wall_clock_s"),
-    ({"wall_clock_s": float("inf")}, "wall_clock_s")])
+    ({"wall_clock_s": float("inf")}, "wall_clock_s"),
+    # the YAML's rules (one table, LIMIT_FIELDS): None, not inf, means no limit
+    ({"horizon_s": float("inf")}, "horizon_s"), ({"horizon_s": "10"}, "horizon_s"),
+    ({"max_model_len": 0}, "max_model_len"), ({"max_model_len": 2**60}, "max_model_len")])
 def test_simulate_rejects_bad_run_limits(kw, field):
-    with pytest.raises(InputError, match=f"^{field}: must be"):
+    with pytest.raises(InputError, match=f"^{field}: (must be|expected)"):
         sim.simulate(_reqs(), policy="continuous", cost=sim.ConstantCost(0.1), **kw)
 
 
 def test_valid_limits_still_run():
     res = sim.simulate(_reqs(), policy="continuous", cost=sim.ConstantCost(0.1),
-                       horizon_s=float("inf"), wall_clock_s=60.0)
+                       horizon_s=1e6, wall_clock_s=60.0)
     assert res.summary["num_unfinished"] == 0
 
 

@@ -5,6 +5,10 @@ accepted types, default, unit, bounds and a one-line meaning. ``validate_fields`
 user's mapping against it and fills in the defaults; every problem is one ``InputError`` naming
 the dotted path. The YAML loader and the Python API call the same function, so they accept the
 same values, reject the same mistakes with the same words, and share one set of defaults.
+
+The number tests (``is_real``, ``is_integer`` and their type forms) are the one definition of
+"a number" for every input check, and ``MAX_INT`` bounds every integer key: past it the
+compiled kernel's int64 arithmetic would overflow.
 """
 from __future__ import annotations
 
@@ -39,15 +43,40 @@ INT = (int,)
 MAP = (dict,)
 OPT = type(None)
 
+#: Largest magnitude of any integer key without a tighter ``maximum`` (2**53: exact as a float
+#: too). The compiled kernel holds counts in int64 and adds and multiplies them (blocks ×
+#: block size, tokens + tokens), so an integer near 2**63 would overflow there.
+MAX_INT = 2**53
+
+
+def is_int_type(t: type) -> bool:
+    """An integer type (Python or numpy), bools excluded (YAML's ``true`` is no number)."""
+    return issubclass(t, numbers.Integral) and not issubclass(t, bool)
+
+
+def is_real_type(t: type) -> bool:
+    """A real-number type (Python or numpy ints and floats), bools excluded."""
+    return issubclass(t, numbers.Real) and not issubclass(t, bool)
+
+
+def is_integer(value: Any) -> bool:
+    """An integer (Python or numpy), bools excluded."""
+    return is_int_type(type(value))
+
+
+def is_real(value: Any) -> bool:
+    """A real number (Python or numpy), bools excluded."""
+    return is_real_type(type(value))
+
 
 def _type_ok(value: Any, key: Key) -> bool:
     """``value`` has one of ``key``'s types (numpy scalars count as int/float, bools only as
     bool: YAML's ``true`` is no number)."""
     if isinstance(value, bool):
         return bool in key.types
-    if int in key.types and isinstance(value, numbers.Integral):
+    if int in key.types and is_integer(value):
         return True
-    if float in key.types and isinstance(value, numbers.Real):
+    if float in key.types and is_real(value):
         return True
     return isinstance(value, key.types)
 
@@ -73,7 +102,16 @@ def check_value(value: Any, key: Key, path: str) -> Any:
             raise InputError(f"must be {rel} {key.minimum}, got {value!r}", field=path)
     if key.maximum is not None and isinstance(value, (int, float)) and value > key.maximum:
         raise InputError(f"must be <= {key.maximum:g}, got {value!r}", field=path)
+    if isinstance(value, int) and not isinstance(value, bool) and key.maximum is None:
+        check_int_range(value, path)
     return value
+
+
+def check_int_range(value: int, path: str) -> None:
+    """Refuse an integer of magnitude above ``MAX_INT`` (see there), naming ``path``."""
+    if abs(value) > MAX_INT:
+        raise InputError(f"must be at most 2**53 = {MAX_INT:,} in magnitude, got {value:.3g}",
+                         field=path)
 
 
 def unknown_key(key: str, known: Any, path: str) -> InputError:

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.core.errors import InputError
 from sim.core.paths import checkout_root
+from sim.cost.calibration_input import CalibrationError, check_columns
 from sim.cost.profiles import GpuProfile, ProfileError, load_gpu
 from sim.cost.roofline import PREFILL_TILE_TOKENS
 
@@ -66,9 +66,7 @@ _COLUMNS = {"gemm": ("m", "n", "k", "latency"),
 _FILES = {"gemm": "gemm.csv.gz", "context_attention": "context_attention.csv.gz",
           "generation_attention": "generation_attention.csv.gz", "allreduce": "nccl.csv.gz"}
 
-
-class CalibrationError(InputError):
-    """Calibration input is wrong: unknown GPU, missing data folder, malformed CSV."""
+__all__ = ["CalibrationError"]  # defined with the input checks, raised from here too
 
 
 @dataclass(frozen=True)
@@ -137,8 +135,9 @@ def _load(data_dir: Path) -> dict[str, pd.DataFrame]:
         if lacking:
             raise CalibrationError(f"{data_dir / name}: missing column(s) {lacking}")
         cols = list(_COLUMNS[key])
-        if frame[cols].apply(pd.to_numeric, errors="coerce").isna().any().any():
-            raise CalibrationError(f"{data_dir / name}: non-numeric or empty values in {cols}")
+        # every size a whole number >= 1 (a decode's step may be 0), latencies finite and
+        # in [0, MAX_LATENCY_MS] ms; a latency of 0 marks an untimed shape and is skipped
+        frame = check_columns(frame, data_dir / name, cols[:-1], "latency", {"step": 0})
         frame = frame[frame["latency"] > 0].reset_index(drop=True)
         if len(frame) < 3:
             raise CalibrationError(f"{data_dir / name}: fewer than 3 timed rows")

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sim.core.types import BatchShape
+from sim.cost.calibration_input import CalibrationError, check_columns
 from sim.cost.profiles import ProfileError
 
 if TYPE_CHECKING:  # for annotations; ``_design`` imports it where it builds models
@@ -91,8 +92,6 @@ def is_iteration_csv(path: str | Path) -> bool:
 
 def load_iteration_csv(path: str | Path) -> pd.DataFrame:
     """Read and validate an iteration CSV; raises ``CalibrationError`` naming the problem."""
-    from sim.cost.calibrate import CalibrationError
-
     p = Path(path)
     try:
         df = pd.read_csv(p)
@@ -105,14 +104,8 @@ def load_iteration_csv(path: str | Path) -> pd.DataFrame:
                                f"{','.join(ITERATION_COLUMNS)}")
     if df.empty:
         raise CalibrationError(f"{p}: no data rows")
-    for col in ITERATION_COLUMNS[2:]:
-        values = pd.to_numeric(df[col], errors="coerce")
-        bad = values.isna() | (values <= 0)
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise CalibrationError(f"{p}: row {row + 2}: {col} must be a positive number, got "
-                                   f"{df[col].iloc[row]!r}")
-        df[col] = values
+    # sizes whole numbers >= 1, the step time finite and in (0, MAX_LATENCY_MS] ms
+    df = check_columns(df, p, ITERATION_COLUMNS[2:-1], "measured_ms", open_min=True)
     if (df["context_tokens"] < df["new_tokens"]).any():
         row = int(np.flatnonzero((df["context_tokens"] < df["new_tokens"]).to_numpy())[0])
         raise CalibrationError(f"{p}: row {row + 2}: context_tokens must include the "
@@ -120,9 +113,8 @@ def load_iteration_csv(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def _design(df: pd.DataFrame) -> np.ndarray:
+def _design(df: pd.DataFrame, path: str | Path) -> np.ndarray:
     """Columns of the linear model per row: roofline GPU seconds, 1, batch size, layers."""
-    from sim.cost.calibrate import CalibrationError
     from sim.cost.roofline import build_cost_model
 
     models: dict[tuple[str, str, int], RooflineCost] = {}
@@ -135,7 +127,7 @@ def _design(df: pd.DataFrame) -> np.ndarray:
             try:
                 models[key] = build_cost_model(key[0], key[1], key[2], engine="ideal")
             except ProfileError as e:
-                raise CalibrationError(f"row {i + 2}: {e}") from e
+                raise CalibrationError(str(e), source=str(path), field=f"row {i + 2}") from e
         cm = models[key]
         b = int(r.batch_size)
         shape = BatchShape(np.full(b, int(r.new_tokens), np.int64),
@@ -157,13 +149,11 @@ def fit_iterations(path: str | Path) -> IterationReport:
     """Fit ``ITERATION_PARAMS`` to the iteration CSV at ``path`` (see the module docstring)."""
     from scipy.optimize import lsq_linear
 
-    from sim.cost.calibrate import CalibrationError
-
     df = load_iteration_csv(path)
     if len(df) < 6:
         raise CalibrationError(f"{path}: need at least 6 rows to fit 4 parameters and hold out "
                                f"a third, got {len(df)}")
-    x = _design(df)
+    x = _design(df, path)
     meas = df["measured_ms"].to_numpy(float) * 1e-3
     held = _split(df)
     tr = ~held

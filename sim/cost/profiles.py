@@ -9,7 +9,6 @@ listing the known ones. Units live in field names: ``_gb`` gigabytes, ``_tbps`` 
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,8 +18,15 @@ from typing import Any
 
 import yaml
 
-from sim.core.errors import InputError
 from sim.core.paths import checkout_root
+from sim.cost.profile_schema import (
+    ProfileError,
+    check_engine,
+    check_gpu,
+    check_hf_config,
+    check_model,
+    read_profile_file,
+)
 
 #: Bytes per element of each supported weight / KV dtype. int4 is weight-only (AWQ/GPTQ style).
 DTYPE_BYTES: Mapping[str, float] = {
@@ -28,10 +34,10 @@ DTYPE_BYTES: Mapping[str, float] = {
 }
 
 _KINDS = ("gpus", "models", "engines")
+#: The config key (and ``build_cost_model`` argument) that names a profile of each kind.
+_ARGUMENT = {"gpus": "hardware", "models": "model", "engines": "engine"}
 
-
-class ProfileError(InputError):
-    """A profile is unknown, malformed, or cannot serve the requested configuration."""
+__all__ = ["ProfileError"]  # defined with the profile validator, raised from here too
 
 
 # --------------------------------------------------------------------------- locating files
@@ -82,13 +88,10 @@ def _read(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
     path = Path(text).expanduser()
     if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml", ".json")) or "/" in text:
         if profile_file(name_or_path) is not None:
-            raw = path.read_text(encoding="utf-8")
-            data = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
-            if not isinstance(data, dict):
-                raise ProfileError(f"{path}: expected a mapping at the top level")
-            return data, str(path)
+            return read_profile_file(path), str(path)
         if kind != "models" or path.suffix in (".yaml", ".yml", ".json"):
-            raise ProfileError(f"{kind[:-1]} profile file not found: {path}")
+            raise ProfileError(f"{kind[:-1]} profile file not found: {path}",
+                               field=_ARGUMENT[kind])
     known = _builtin(kind)
     key = _norm(text)
     if key in known:
@@ -99,7 +102,8 @@ def _read(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
             data = yaml.safe_load(entry.read_text(encoding="utf-8"))
             if str(data.get("hf_id", "")).lower() == text.lower():
                 return data, f"{kind}/{entry.name}"
-    raise ProfileError(f"unknown {kind[:-1]} {text!r}; known: {', '.join(sorted(known))}")
+    raise ProfileError(f"unknown {kind[:-1]} {text!r}; known: {', '.join(sorted(known))}",
+                       field=_ARGUMENT[kind])
 
 
 def list_gpus() -> list[str]:
@@ -204,6 +208,7 @@ class GpuProfile:
 def load_gpu(name_or_path: str | Path) -> GpuProfile:
     """Load a GPU profile by built-in name (``h100-sxm``) or path to a YAML file."""
     data, origin = _read("gpus", name_or_path)
+    check_gpu(data, origin, set(Calibration.__dataclass_fields__) - {"fit"})
     peaks = data.get("peak_tflops")
     if not isinstance(peaks, dict) or "bf16" not in peaks:
         raise ProfileError(f"{origin}: peak_tflops must be a mapping with at least 'bf16'")
@@ -356,7 +361,9 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     """Load a model spec by built-in name (``llama-3-70b``), HF id, YAML path or config.json."""
     data, origin = _read("models", name_or_path)
     if "num_hidden_layers" in data or "n_layer" in data:
+        check_hf_config(data, origin)
         data = _from_hf_config(data, origin)
+    check_model(data, origin)
     fields = {k: data[k] for k in ModelSpec.__dataclass_fields__ if data.get(k) is not None}
     for key in _MODEL_INTS:
         _num(fields, key, origin)
@@ -386,6 +393,7 @@ class EngineProfile:
 def load_engine(name_or_path: str | Path = "ideal") -> EngineProfile:
     """Load an engine overhead profile by name (``ideal``, ``vllm``) or YAML path."""
     data, origin = _read("engines", name_or_path)
+    check_engine(data, origin)
     return EngineProfile(
         name=str(data.get("name", Path(origin).stem)),
         per_step_s=float(_num(data, "per_step_s", origin, 0.0)),

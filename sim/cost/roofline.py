@@ -23,6 +23,7 @@ import numpy as np
 from sim.core.types import BatchShape, StepCost
 from sim.cost.aggregate import PREFILL_TILE_TOKENS, AggregateSteps
 from sim.cost.base import ShapeCost, StepSeries
+from sim.cost.profile_schema import check_overrides
 from sim.cost.profiles import (
     DTYPE_BYTES,
     EngineProfile,
@@ -86,6 +87,7 @@ class CostParams:
         bad = sorted(set(overrides) - set(known))
         if bad:
             raise ProfileError(f"unknown cost-model override(s) {bad}; known: {', '.join(known)}")
+        check_overrides(overrides)
         return replace(base, **{k: float(v) for k, v in overrides.items()})
 
 

@@ -2,13 +2,17 @@
 
 A NaN arrival time or a zero-token request would otherwise hang or corrupt a run, so
 ``request_columns`` validates every request, vectorised with numpy so a million requests cost
-milliseconds: ``arrival_s`` finite and >= 0; ``num_prompt_tokens`` and ``num_output_tokens``
-integers (Python or numpy, not bool) >= 1; ids unique. A bad request raises ``InputError``
+milliseconds: ``arrival_s`` finite, >= 0 and at most ``MAX_ARRIVAL_S``; ``num_prompt_tokens``
+and ``num_output_tokens`` integers (Python or numpy, not bool) in ``[1, MAX_TOKENS]`` (the
+bounds of a trace file); ids unique. A bad request raises ``InputError``
 naming it and the field (``requests[3].arrival_s: must be a finite number >= 0, got nan``).
+
+``LIMIT_FIELDS`` is the one definition of the run limits: the experiment schema embeds it as
+its ``limits`` block and ``check_run_limits`` checks ``sim.simulate``'s keyword arguments
+against it, so both accept and refuse the same values with the same words.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
@@ -17,7 +21,9 @@ import numpy as np
 
 from sim.core.arrays import TraceArrays
 from sim.core.errors import InputError
+from sim.core.fields import INT, NUM, OPT, Key, check_value, is_int_type, is_real, is_real_type
 from sim.core.types import Request
+from sim.workload.traces import MAX_ARRIVAL_S, MAX_TOKENS  # the trace files' bounds
 
 _TOKEN_FIELDS = ("num_prompt_tokens", "num_output_tokens")
 _ARRIVAL_PROBLEM = "must be a finite number >= 0"
@@ -34,36 +40,48 @@ def request_columns(requests: Sequence[Request] | TraceArrays) -> dict[str, np.n
     """
     if isinstance(requests, TraceArrays):
         return _columns_from_arrays(requests)
+    if not isinstance(requests, Sequence) or isinstance(requests, str | bytes):
+        raise InputError(f"expected a sequence of Request or a TraceArrays, got "
+                         f"{type(requests).__name__}", field="requests")
+    wrong = {t for t in set(map(type, requests)) if not issubclass(t, Request)}
+    if wrong:
+        i = next(i for i, r in enumerate(requests) if type(r) in wrong)
+        raise InputError(f"expected a Request, got {type(requests[i]).__name__}",
+                         field=f"requests[{i}]")
     return _columns_from_requests(requests)
 
 
-def check_run_limits(horizon_s: Any, wall_clock_s: Any) -> None:
-    """Reject a ``horizon_s`` that is NaN or negative and a ``wall_clock_s`` that is not finite."""
-    if horizon_s is not None and (not _is_real(horizon_s) or math.isnan(horizon_s)
-                                  or horizon_s < 0):
-        raise InputError(f"must be a number >= 0 or None, got {_show(horizon_s)}",
-                         field="horizon_s")
-    if wall_clock_s is not None and (not _is_real(wall_clock_s)
-                                     or not math.isfinite(wall_clock_s)):
-        raise InputError(f"must be a finite number or None, got {_show(wall_clock_s)}",
-                         field="wall_clock_s")
+#: The run limits: YAML ``limits:`` and ``sim.simulate``'s keyword arguments of the same names.
+LIMIT_FIELDS: dict[str, Key] = {
+    "horizon_s": Key(NUM + (OPT,), None, "Stop simulated time here (partial results are "
+                     "marked).", "s", 0),
+    "wall_clock_s": Key(NUM + (OPT,), None, "Stop a run after this much real time "
+                        "(partial results are marked).", "s", 0),
+    "max_model_len": Key(INT + (OPT,), None, "Longest prompt + output a request may "
+                         "reach; default the model's max_position_embeddings (vLLM's "
+                         "rule); longer requests are rejected at arrival.", "tokens", 1),
+}
 
 
-def _is_real(value: Any) -> bool:
-    """A real number (Python or numpy), bools excluded."""
-    return (isinstance(value, (int, float, np.integer, np.floating))
-            and not isinstance(value, (bool, np.bool_)))
+#: The YAML's ``seed`` and ``parallelism.replicas``, ``sim.simulate``'s ``seed`` and
+#: ``num_replicas``.
+SEED = Key(INT, 0, "Seed of every random draw (workload generation, resampling).",
+           minimum=0, maximum=2**63 - 1)
+REPLICAS = Key(INT, 1, "Model replicas; requests are routed round-robin.", minimum=1,
+               maximum=4096)
 
 
-def _is_int_type(t: type) -> bool:
-    """An integer type (Python or numpy), bools excluded."""
-    return issubclass(t, (int, np.integer)) and not issubclass(t, (bool, np.bool_))
+def check_run_limits(horizon_s: Any, wall_clock_s: Any, max_model_len: Any = None) -> None:
+    """Check ``sim.simulate``'s run limits against ``LIMIT_FIELDS`` (the YAML's rules)."""
+    for name, value in (("horizon_s", horizon_s), ("wall_clock_s", wall_clock_s),
+                        ("max_model_len", max_model_len)):
+        check_value(value, LIMIT_FIELDS[name], name)
 
 
-def _is_real_type(t: type) -> bool:
-    """A real number type (Python or numpy), bools excluded."""
-    return (issubclass(t, (int, float, np.integer, np.floating))
-            and not issubclass(t, (bool, np.bool_)))
+def check_run_args(seed: Any, num_replicas: Any) -> None:
+    """Check ``sim.simulate``'s ``seed`` and ``num_replicas`` by the YAML keys' rules."""
+    check_value(seed, SEED, "seed")
+    check_value(num_replicas, REPLICAS, "num_replicas")
 
 
 def _show(value: Any) -> str:
@@ -86,14 +104,14 @@ def _columns_from_requests(requests: Sequence[Request]) -> dict[str, np.ndarray]
     ids = list(map(attrgetter("id"), requests))
     cols: dict[str, np.ndarray] = {}
     arrivals = list(map(attrgetter("arrival_s"), requests))
-    bad = {t for t in set(map(type, arrivals)) if not _is_real_type(t)}
+    bad = {t for t in set(map(type, arrivals)) if not is_real_type(t)}
     if bad:
         i = next(i for i, v in enumerate(arrivals) if type(v) in bad)
         raise _fail(i, ids, "arrival_s", _ARRIVAL_PROBLEM, arrivals[i])
     cols["arrival_s"] = _check_arrivals(np.fromiter(arrivals, np.float64, n), arrivals, ids)
     for name in _TOKEN_FIELDS:
         values = list(map(attrgetter(name), requests))
-        bad = {t for t in set(map(type, values)) if not _is_int_type(t)}
+        bad = {t for t in set(map(type, values)) if not is_int_type(t)}
         if bad:
             i = next(i for i, v in enumerate(values) if type(v) in bad)
             raise _fail(i, ids, name, _TOKEN_PROBLEM, values[i])
@@ -104,7 +122,7 @@ def _columns_from_requests(requests: Sequence[Request]) -> dict[str, np.ndarray]
             raise _fail(i, ids, name, _TOKEN_PROBLEM + " and < 2**63", values[i]) from None
         _check_tokens(col, name, values, ids)
         cols[name] = col
-    if all(map(_is_int_type, set(map(type, ids)))):
+    if all(map(is_int_type, set(map(type, ids)))):
         try:
             id_col = np.fromiter(ids, np.int64, n)
         except OverflowError:
@@ -125,12 +143,14 @@ def _columns_from_requests(requests: Sequence[Request]) -> dict[str, np.ndarray]
 
 def _columns_from_arrays(trace: TraceArrays) -> dict[str, np.ndarray]:
     """Validate columnar requests (ids are the row numbers) and return their columns."""
-    n = len(trace)
     arrival = np.asarray(trace.arrival_s)
+    if arrival.ndim != 1:
+        raise InputError(f"must be a 1-D array, got shape {arrival.shape}", field="arrival_s")
+    n = arrival.shape[0]
     if arrival.dtype.kind not in "iuf":
         if arrival.dtype.kind == "O":
             values = arrival.tolist()
-            bad = [i for i, v in enumerate(values) if not _is_real(v)]
+            bad = [i for i, v in enumerate(values) if not is_real(v)]
             if bad:
                 raise _fail(bad[0], None, "arrival_s", _ARRIVAL_PROBLEM, values[bad[0]])
         else:
@@ -148,7 +168,7 @@ def _columns_from_arrays(trace: TraceArrays) -> dict[str, np.ndarray]:
                 raise _fail(0, None, name, _TOKEN_PROBLEM, col[0]) if n else InputError(
                     f"must be integers, got dtype {col.dtype}", field=name)
             values = col.tolist()
-            bad = [i for i, v in enumerate(values) if not _is_int_type(type(v))]
+            bad = [i for i, v in enumerate(values) if not is_int_type(type(v))]
             if bad:
                 raise _fail(bad[0], None, name, _TOKEN_PROBLEM, values[bad[0]])
             col = np.fromiter(values, np.int64, n)
@@ -168,6 +188,10 @@ def _check_arrivals(arrival: np.ndarray, values: Any, ids: Any) -> np.ndarray:
     if bad.any():
         i = int(np.argmax(bad))
         raise _fail(i, ids, "arrival_s", _ARRIVAL_PROBLEM, values[i])
+    late = arrival > MAX_ARRIVAL_S
+    if late.any():  # a trace file refuses these too: float time loses step precision there
+        i = int(np.argmax(late))
+        raise _fail(i, ids, "arrival_s", f"must be at most {MAX_ARRIVAL_S:g} s", values[i])
     return arrival
 
 
@@ -177,6 +201,10 @@ def _check_tokens(col: np.ndarray, name: str, values: Any, ids: Any) -> None:
     if bad.any():
         i = int(np.argmax(bad))
         raise _fail(i, ids, name, _TOKEN_PROBLEM, values[i])
+    huge = col > MAX_TOKENS
+    if huge.any():  # as in a trace file: such a count is a data error, not a workload
+        i = int(np.argmax(huge))
+        raise _fail(i, ids, name, f"must be at most {MAX_TOKENS:,}", values[i])
 
 
 def _check_unique(ids: np.ndarray) -> None:

@@ -24,12 +24,14 @@ from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
 from sim.cost.base import CostModel
+from sim.cost.checked import checked_cost
 from sim.engine import fastkernel
 from sim.engine.coverage import compiled_spec_blocker, fast_path_blocker, spec_of
 from sim.engine.fastpath import FastResult, run_continuous
-from sim.engine.inputs import check_run_limits, request_columns
+from sim.engine.inputs import check_run_args, check_run_limits, request_columns
 from sim.engine.replica import Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
+from sim.metrics.fields import check_metric_args
 from sim.metrics.steplog import make_step_log
 from sim.metrics.stream import STEP_TABLE_CHOICES, StepStream, merge_streams
 from sim.metrics.summary import (
@@ -117,6 +119,13 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     ``sim.metrics.stream``, memory flat in the number of steps; every summary metric still
     computed from every step), or keeps them whole up to ``AUTO_MAX_STEPS`` steps and
     buckets beyond (``"auto"``).
+    the same results, bit for bit.
+
+    Every argument a YAML key also sets is checked by that key's rule, with its words:
+    ``horizon_s``, ``wall_clock_s`` and ``max_model_len`` as ``limits.*`` (``None``, not
+    ``inf``, is no limit), ``warmup_s`` and ``cooldown_s`` as ``metrics.*``, ``slos`` as
+    ``slos.*``, ``kv`` as ``kv.*``. A cost model that is not a built-in one has every step
+    time it returns checked (``sim.cost.checked``); all problems raise ``InputError``.
     """
     if step_table not in STEP_TABLE_CHOICES:
         raise InputError(f"must be one of {', '.join(STEP_TABLE_CHOICES)}; got {step_table!r}",
@@ -124,11 +133,13 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     if fast_path not in _FAST_PATH_CHOICES:
         raise InputError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
                          f"got {fast_path!r}")
-    if num_replicas < 1:
-        raise InputError(f"num_replicas must be >= 1, got {num_replicas}")
-    check_run_limits(horizon_s, wall_clock_s)
+    check_run_args(seed, num_replicas)
+    check_run_limits(horizon_s, wall_clock_s,
+                     None if max_model_len == "model" else max_model_len)
+    slo_limits = check_metric_args(warmup_s, cooldown_s, slos)
     cols = request_columns(requests)  # every request checked before anything runs
     check_measurement_window(cols["arrival_s"], warmup_s, cooldown_s)
+    cost = checked_cost(cost)  # a user's model: every step time it returns is checked
     kv_config = resolve_kv(kv, cost)
     limit: int | None = (getattr(getattr(cost, "model", None), "max_position_embeddings", None)
                          if max_model_len == "model" else max_model_len)  # type: ignore[assignment]
@@ -179,7 +190,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         peak_bytes_per_s=getattr(cost, "peak_bytes_per_s", None),
         slot_capacity=policies[0].slot_capacity, num_replicas=num_replicas,
         kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,
-        warmup_s=warmup_s, cooldown_s=cooldown_s, slos=dict(slos) if slos else None,
+        warmup_s=warmup_s, cooldown_s=cooldown_s, slos=slo_limits,
         kv_block_size=kv_config.block_size, stream=stream)
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)

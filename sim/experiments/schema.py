@@ -9,14 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.fields import INT, MAP, NUM, OPT, STR, Key
+from sim.cost.profiles import DTYPE_BYTES
 from sim.cost.roofline import DEFAULT_ENGINE
+from sim.engine.inputs import LIMIT_FIELDS, REPLICAS, SEED
 from sim.kv.config import KV_FIELDS
+from sim.metrics.fields import SLO_FIELDS, WINDOW_FIELDS
 
 SCHEMA: dict[str, Any] = {
     "name": Key(STR, "experiment", "Experiment name, used in titles and the report."),
     "description": Key(STR, "", "Free text shown in the report."),
-    "seed": Key(INT, 0, "Seed of every random draw (workload generation, resampling).",
-                minimum=0, maximum=2**63 - 1),
+    "seed": SEED,
     "model": Key(STR, "llama-3-8b", "Built-in model name or path to a model YAML / HF "
                  "config.json."),
     "hardware": Key(STR, "h100-sxm", "Built-in GPU name or path to a GPU profile YAML."),
@@ -25,8 +27,7 @@ SCHEMA: dict[str, Any] = {
     "parallelism": {
         "tp": Key(INT, 1, "Tensor-parallel degree (GPUs per replica).", minimum=1,
                   maximum=64),
-        "replicas": Key(INT, 1, "Model replicas; requests are routed round-robin.", minimum=1,
-                        maximum=4096),
+        "replicas": REPLICAS,
     },
     "cost": {
         "kind": Key(STR, "roofline", "Cost model.", choices=("roofline", "constant", "linear")),
@@ -34,36 +35,23 @@ SCHEMA: dict[str, Any] = {
         "base_s": Key(NUM, 0.0, "linear: fixed seconds per step.", "s", 0),
         "per_token_s": Key(NUM, 0.0, "linear: seconds per token computed.", "s", 0),
         "per_seq_s": Key(NUM, 0.0, "linear: seconds per batch row.", "s", 0),
-        "weight_dtype": Key(STR, "bf16", "roofline: weight dtype (bf16, fp16, fp8, int8, int4)."),
-        "kv_dtype": Key(STR, "bf16", "roofline: KV-cache dtype."),
+        "weight_dtype": Key(STR, "bf16", "roofline: weight dtype.", choices=tuple(DTYPE_BYTES)),
+        "kv_dtype": Key(STR, "bf16", "roofline: KV-cache dtype.", choices=tuple(DTYPE_BYTES)),
     },
     "workload": Key(MAP, None, "Trace replay or synthetic traffic (see traces/README.md "
                     "for its forms).", required=True),
     "policy": Key(MAP + STR, None, "One policy: {name: ..., params...}."),
     "policies": Key((list,), None, "Several policies compared side by side (a sweep axis)."),
     "kv": KV_FIELDS,
-    "slos": {
-        "ttft_ms": Key(NUM + (OPT,), None, "Per-request TTFT limit for goodput.", "ms", 0, True),
-        "tpot_ms": Key(NUM + (OPT,), None, "Per-request TPOT limit for goodput.", "ms", 0, True),
-        "e2el_ms": Key(NUM + (OPT,), None, "Per-request E2E limit for goodput.", "ms", 0, True),
-    },
+    "slos": SLO_FIELDS,
     "metrics": {
-        "warmup_s": Key(NUM, 0.0, "Ignore requests arriving in the first warmup_s.", "s", 0),
-        "cooldown_s": Key(NUM, 0.0, "Ignore requests arriving in the last cooldown_s.", "s", 0),
+        **WINDOW_FIELDS,
         "step_table": Key(STR, "auto", "Per-step table: `full` (one row per step), `buckets` "
                           "(fixed time buckets of sums, counts and maxima; flat memory) or "
                           "`auto` (full up to 2,000,000 steps). Summaries are exact either "
                           "way.", choices=("auto", "full", "buckets")),
     },
-    "limits": {
-        "horizon_s": Key(NUM + (OPT,), None, "Stop simulated time here (partial results are "
-                         "marked).", "s", 0, True),
-        "wall_clock_s": Key(NUM + (OPT,), None, "Stop a run after this much real time "
-                            "(partial results are marked).", "s", 0, True),
-        "max_model_len": Key(INT + (OPT,), None, "Longest prompt + output a request may "
-                             "reach; default the model's max_position_embeddings (vLLM's "
-                             "rule); longer requests are rejected at arrival.", "tokens", 1),
-    },
+    "limits": LIMIT_FIELDS,
     "sweep": Key(MAP, None, "dotted.key: [values] — Cartesian product of runs."),
     "zip": Key(MAP, None, "dotted.key: [values] — lists of equal length varied together."),
     "output": {

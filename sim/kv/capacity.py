@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.core.errors import InputError
+from sim.core.fields import check_value
+from sim.kv.config import KV_FIELDS
 
 #: Context lengths at which ``describe_capacity`` shows how many sequences fit at once.
 CONTEXTS = (1024, 4096, 8192)
@@ -57,8 +58,11 @@ def kv_capacity(model: str, hardware: str, tp: int = 1, block_size: int = 16,
     """The KV capacity of ``model`` on ``tp`` × ``hardware`` (built-in names or paths)."""
     from sim.cost.roofline import build_cost_model
 
-    if block_size < 1:
-        raise InputError(f"block_size must be >= 1, got {block_size}")
+    # the kv block's rules (``batchsim profiles --block-size 0`` is refused like kv.block_size: 0)
+    for name, value in (("block_size", block_size),
+                        ("gpu_memory_utilization", gpu_memory_utilization),
+                        ("activation_reserve_gb", activation_reserve_gb)):
+        check_value(value, KV_FIELDS[name], name)
     cost = build_cost_model(model=model, hardware=hardware, tp=tp, kv_dtype=kv_dtype,
                             weight_dtype=weight_dtype)
     tokens = cost.kv_capacity_tokens(gpu_memory_utilization=gpu_memory_utilization,

@@ -13,11 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import InputError
-from sim.core.fields import INT, NUM, OPT, STR, Key, validate_fields
+from sim.core.fields import INT, NUM, OPT, STR, Key, check_value, validate_fields
 from sim.cost.base import KVSizedCost
 
 #: Blocks given to an "unlimited" cache: large enough never to bind, small enough for int64 math.
+#: Also the most blocks a cache may have.
 UNLIMITED_BLOCKS = 1 << 40
+#: Most tokens per block: the engines keep per-block arrays of this length (``2**40`` tokens
+#: would be an 8 TiB allocation), and a block longer than the longest request
+#: (``MAX_TOKENS``, 10M) is pointless; vLLM's are 16 to 256.
+MAX_BLOCK_SIZE = 1 << 16
+#: Largest activation reserve (GB per GPU): more than any GPU's memory, well within floats.
+MAX_RESERVE_GB = 1e5
 
 ALLOCATORS = ("paged", "slab")
 SLAB_RESERVES = ("max_model_len", "prompt_plus_max_output")
@@ -26,15 +33,18 @@ PREEMPTIONS = ("recompute", "swap")
 #: Every key of the ``kv`` block (YAML ``kv:`` and ``sim.simulate(kv=...)`` alike).
 KV_FIELDS: dict[str, Key] = {
     "num_blocks": Key(INT + (OPT,), None, "KV blocks per replica; default: derived from "
-                      "HBM, weights and gpu_memory_utilization.", minimum=1),
-    "block_size": Key(INT, 16, "Tokens per KV block.", "tokens", 1),
+                      "HBM, weights and gpu_memory_utilization.", minimum=1,
+                      maximum=UNLIMITED_BLOCKS),
+    "block_size": Key(INT, 16, "Tokens per KV block.", "tokens", 1, maximum=MAX_BLOCK_SIZE),
     "allocator": Key(STR, "paged", "paged (blocks on demand) or slab (reserve "
                      "reserve_tokens per sequence at admission).", choices=ALLOCATORS),
     "reserve_tokens": Key(INT + (OPT,), None, "slab: tokens reserved per sequence "
                           "(e.g. max_model_len).", "tokens", 1),
-    "gpu_memory_utilization": Key(NUM, 0.9, "Share of HBM the engine may use.", "", 0, True),
+    "gpu_memory_utilization": Key(NUM, 0.9, "Share of HBM the engine may use.", "", 0, True,
+                                  maximum=1.0),
     "activation_reserve_gb": Key(NUM + (OPT,), None, "HBM kept for activations per GPU; "
-                                 "default from the cost model.", "GB", 0),
+                                 "default from the cost model.", "GB", 0,
+                                 maximum=MAX_RESERVE_GB),
     "unlimited": Key((bool,), False, "Ignore KV capacity entirely (analytic studies)."),
     "slab_reserve": Key(STR, "max_model_len", "slab: reserve reserve_tokens per sequence "
                         "(max_model_len) or its prompt + max_output_tokens.",
@@ -82,9 +92,10 @@ class KVConfig:
     prefix_caching: bool = _default("prefix_caching")
 
     def __post_init__(self) -> None:
-        if self.num_blocks < 1 or self.block_size < 1:
-            raise InputError(f"kv: num_blocks and block_size must be >= 1, got "
-                             f"{self.num_blocks} and {self.block_size}")
+        # a KVConfig built by hand from Python meets the rules of the ``kv`` block
+        for name in ("num_blocks", "block_size", "reserve_tokens", "max_output_tokens",
+                     "max_preemptions"):
+            check_value(getattr(self, name), KV_FIELDS[name], f"kv.{name}")
         if self.allocator not in ALLOCATORS:
             raise InputError(f"unknown {self.allocator!r}; accepted: {ALLOCATORS}",
                              field="kv.allocator")
@@ -106,9 +117,6 @@ class KVConfig:
             raise InputError("swap preemption needs the host link bandwidth and "
                              "kv.kv_bytes_per_token (derived from a roofline cost model)",
                              field="kv.swap_gbps")
-        if self.max_preemptions is not None and self.max_preemptions < 0:
-            raise InputError(f"must be >= 0, got {self.max_preemptions}",
-                             field="kv.max_preemptions")
 
     @property
     def capacity_tokens(self) -> int:

@@ -136,13 +136,10 @@ def itl_sample(steps: pd.DataFrame, irregular: Any, irregular_counts: Any = None
     return vals, counts
 
 
-def check_measurement_window(arrival_s: np.ndarray, warmup_s: Any, cooldown_s: Any) -> None:
-    """Refuse a ``warmup_s`` / ``cooldown_s`` that is not a finite number >= 0 or that leaves
-    no request inside the window ``summarize`` measures (every metric would be empty)."""
-    for name, value in (("warmup_s", warmup_s), ("cooldown_s", cooldown_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
-                or not 0 <= float(value) < float("inf"):
-            raise InputError(f"must be a finite number >= 0, got {value!r}", field=name)
+def check_measurement_window(arrival_s: np.ndarray, warmup_s: float, cooldown_s: float) -> None:
+    """Refuse a ``warmup_s`` / ``cooldown_s`` (already checked as numbers by
+    ``sim.metrics.fields``) that leaves no request inside the window ``summarize`` measures
+    (every metric would be empty)."""
     if len(arrival_s) == 0:
         return
     first, last = float(np.min(arrival_s)), float(np.max(arrival_s))

@@ -30,6 +30,7 @@ from sim.core.arrays import TraceArrays
 from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.workload import synthetic
+from sim.workload.limits import MAX_CV, MAX_PRIORITY, MAX_RATE, MAX_REQUESTS, MAX_SIGMA, MIN_CV
 from sim.workload.traces import (
     MAX_ARRIVAL_S,
     MAX_TOKENS,
@@ -47,9 +48,6 @@ _SOURCE_KEYS = {"fraction", "trace", "prompt_tokens", "output_tokens", "lengths"
 _DIST_KEYS = {"fixed": {"value"}, "uniform": {"lo", "hi"}, "lognormal": {"mean", "median", "sigma"},
               "exponential": {"mean"}, "empirical": {"trace"}}
 
-
-#: Most requests one workload may hold: bounds memory (a request costs ~0.5 kB in the engine).
-MAX_REQUESTS = 20_000_000
 
 
 class WorkloadError(InputError):
@@ -180,7 +178,8 @@ def _trace(s: _Spec) -> TraceArrays:
             raise WorkloadError(f"{s.key('rate')}: needs at least two distinct arrival times")
         scale = ((len(tr) - 1) / span) / rate  # mean rate = (n-1)/span, i.e. 1/mean gap
     if scale is not None:
-        tr = tr.with_arrivals(tr.arrival_s * scale)
+        with np.errstate(over="ignore"):  # an overflow to inf is refused just below
+            tr = tr.with_arrivals(tr.arrival_s * scale)
         if tr.arrival_s[-1] > MAX_ARRIVAL_S:
             raise WorkloadError(f"{s.key('rate' if rate is not None else 'time_scale')}: "
                                 f"arrivals reach {tr.arrival_s[-1]:.3g} s, beyond "
@@ -204,8 +203,8 @@ def _arrivals(s: _Spec, rng: np.random.Generator) -> np.ndarray:
     if proc not in synthetic.ARRIVAL_PROCESSES:
         raise WorkloadError(f"{a.key('process')}: unknown process {proc!r}; choose from "
                             f"{', '.join(synthetic.ARRIVAL_PROCESSES)}")
-    rate = a.num("rate", lo=0, lo_open=True, required=True)
-    cv = a.num("cv", 1.0, lo=0, lo_open=True)
+    rate = a.num("rate", lo=0, lo_open=True, required=True, hi=MAX_RATE)
+    cv = a.num("cv", 1.0, lo=MIN_CV, hi=MAX_CV)
     if "cv" in a.d and proc != "gamma":
         raise WorkloadError(f"{a.key('cv')}: only for process: gamma")
     n = s.num("num_requests", None, lo=1, integer=True, hi=MAX_REQUESTS)
@@ -264,7 +263,8 @@ def _dist(d: _Spec, n: int, rng: np.random.Generator, column: int) -> np.ndarray
         mean, med = d.num("mean", lo=0, lo_open=True), d.num("median", lo=0, lo_open=True)
         if (mean is None) == (med is None):
             raise WorkloadError(f"{d.key('mean')}: give exactly one of mean or median")
-        v = synthetic.lognormal(n, rng, sigma=d.num("sigma", lo=0, required=True),
+        v = synthetic.lognormal(n, rng, sigma=d.num("sigma", lo=0, required=True,
+                                                        hi=MAX_SIGMA),
                                 mean=mean, median=med)
     elif kind == "exponential":
         v = synthetic.exponential(d.num("mean", lo=0, lo_open=True, required=True), n, rng)
@@ -358,7 +358,7 @@ def _stamp(s: _Spec, tr: TraceArrays) -> TraceArrays:
     A trace's own columns and a mix source's labels win over an enclosing spec's labels.
     """
     tenant = s.text("tenant")
-    prio = s.num("priority", None, integer=True)
+    prio = s.num("priority", None, integer=True, lo=-MAX_PRIORITY, hi=MAX_PRIORITY)
     ten, pri = tr.tenant, tr.priority
     if tenant is not None:
         ten = np.full(len(tr), None, object) if ten is None else ten.copy()

@@ -19,6 +19,10 @@ integers, or ``{mean: m, sigma: s}`` / ``{median: m, sigma: s}`` for lognormal):
   arrive before its predecessor finished and then finds less of its history cached.
 - ``max_context_tokens`` (8192): a conversation ends before a turn whose prompt plus answer
   would exceed it.
+
+Hard caps, checked before anything is drawn: at most ``MAX_TURNS`` turns per conversation and
+at most ``MAX_REQUESTS`` turns in all (``num_conversations`` × the most turns the ``turns``
+spec can give), the bound every workload form has.
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ import numpy as np
 from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.workload import synthetic
+from sim.workload.limits import MAX_RATE, MAX_REQUESTS, MAX_SIGMA
+from sim.workload.traces import MAX_ARRIVAL_S, MAX_TOKENS
 
 DEFAULTS: dict[str, Any] = {
     "num_conversations": None,
@@ -41,43 +47,63 @@ DEFAULTS: dict[str, Any] = {
     "max_context_tokens": 8192,
 }
 WHERE = "workload.conversations"
+#: Most turns one conversation may have (a lognormal ``turns`` is clamped to it).
+MAX_TURNS = 1000
 
 
 class ConversationError(InputError):
     """An invalid conversations spec; the message starts with the dotted key at fault."""
 
 
-def _lengths(spec: Any, key: str, size: int, rng: np.random.Generator) -> np.ndarray:
-    """``size`` token counts (>= 1) drawn from one length spec."""
+def _most(spec: Any, key: str, hi: int) -> int:
+    """The largest value length spec ``spec`` can draw (checked to lie in ``[1, hi]``)."""
     where = f"{WHERE}.{key}"
     if isinstance(spec, bool):
         raise ConversationError(f"{where}: expected a length, got {spec!r}")
     if isinstance(spec, int):
-        if spec < 1:
-            raise ConversationError(f"{where}: must be >= 1, got {spec}")
-        return synthetic.fixed(spec, size)
+        if not 1 <= spec <= hi:
+            raise ConversationError(f"{where}: must be in [1, {hi:,}], got {spec}")
+        return spec
     if isinstance(spec, list | tuple) and len(spec) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in spec):
-        if spec[1] < spec[0]:
-            raise ConversationError(f"{where}: [lo, hi] needs lo <= hi, got {list(spec)}")
-        return synthetic.uniform(int(spec[0]), int(spec[1]), size, rng)
+            isinstance(v, int) and not isinstance(v, bool) for v in spec):
+        if not 1 <= spec[0] <= spec[1] <= hi:
+            raise ConversationError(f"{where}: [lo, hi] needs 1 <= lo <= hi <= {hi:,}, got "
+                                    f"{list(spec)}")
+        return int(spec[1])
     if isinstance(spec, Mapping) and set(spec) in ({"mean", "sigma"}, {"median", "sigma"}):
-        try:
-            values = synthetic.lognormal(size, rng, sigma=float(spec["sigma"]),
-                                         mean=spec.get("mean"), median=spec.get("median"))
-        except (TypeError, ValueError) as e:
-            raise ConversationError(f"{where}: {e}") from None
-        return synthetic.clamp_tokens(values)
+        for name, value in spec.items():
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            low, top = (0, MAX_SIGMA) if name == "sigma" else (0, hi)
+            # sigma may be 0 (every draw the median); a mean or median must be > 0
+            if not ok or not (low <= value if name == "sigma" else low < value) or value > top:
+                span = f"[0, {top:g}]" if name == "sigma" else f"(0, {top:,}]"
+                raise ConversationError(f"{where}.{name}: must be a number in {span}, "
+                                        f"got {value!r}")
+        return hi  # clamped to it
     raise ConversationError(f"{where}: expected an int, [lo, hi] or {{mean|median, sigma}}, "
                             f"got {spec!r}")
 
 
-def _positive(spec: Mapping[str, Any], key: str, integer: bool = False) -> float:
+def _lengths(spec: Any, key: str, size: int, rng: np.random.Generator,
+             hi: int = MAX_TOKENS) -> np.ndarray:
+    """``size`` counts in ``[1, hi]`` drawn from one length spec (checked by ``_most``)."""
+    _most(spec, key, hi)
+    if isinstance(spec, int):
+        return synthetic.fixed(spec, size)
+    if isinstance(spec, list | tuple):
+        return synthetic.uniform(int(spec[0]), int(spec[1]), size, rng)
+    values = synthetic.lognormal(size, rng, sigma=float(spec["sigma"]),
+                                 mean=spec.get("mean"), median=spec.get("median"))
+    return synthetic.clamp_tokens(values, 1, hi)
+
+
+def _positive(spec: Mapping[str, Any], key: str, hi: float, integer: bool = False) -> float:
+    """``spec[key]``: a number (an integer if ``integer``) in ``(0, hi]``."""
     v = spec[key]
-    ok = isinstance(v, int if integer else int | float) and not isinstance(v, bool) and v > 0
-    if not ok or not np.isfinite(v):
+    ok = isinstance(v, int if integer else int | float) and not isinstance(v, bool)
+    if not ok or not 0 < v <= hi:
         kind = "an integer" if integer else "a number"
-        raise ConversationError(f"{WHERE}.{key}: expected {kind} > 0, got {v!r}")
+        raise ConversationError(f"{WHERE}.{key}: expected {kind} in (0, {hi:,.0f}], got {v!r}")
     return v
 
 
@@ -92,12 +118,19 @@ def conversations(spec: Mapping[str, Any], rng: np.random.Generator) -> list[Req
     if spec.get("num_conversations") is None:
         raise ConversationError(f"{WHERE}.num_conversations: required")
     s = {**DEFAULTS, **spec}
-    n = int(_positive(s, "num_conversations", integer=True))
-    rate = _positive(s, "rate")
-    think = _positive(s, "think_time_s")
-    max_ctx = int(_positive(s, "max_context_tokens", integer=True))
+    n = int(_positive(s, "num_conversations", MAX_REQUESTS, integer=True))
+    rate = _positive(s, "rate", MAX_RATE)
+    think = _positive(s, "think_time_s", MAX_ARRIVAL_S)
+    max_ctx = int(_positive(s, "max_context_tokens", MAX_TOKENS, integer=True))
+    for key in ("user_tokens", "output_tokens"):
+        _most(s[key], key, MAX_TOKENS)
+    most = n * _most(s["turns"], "turns", MAX_TURNS)
+    if most > MAX_REQUESTS:  # before any allocation: the draws below are this long
+        raise ConversationError(f"{WHERE}.num_conversations: {n:,} conversations of up to "
+                                f"{most // n:,} turns may reach {most:,} requests, more than "
+                                f"{MAX_REQUESTS:,}")
     starts = synthetic.arrival_times("poisson", rate, rng, num_requests=n)
-    turns = _lengths(s["turns"], "turns", n, rng)
+    turns = _lengths(s["turns"], "turns", n, rng, MAX_TURNS)
     total = int(turns.sum())
     user = _lengths(s["user_tokens"], "user_tokens", total, rng)
     out = _lengths(s["output_tokens"], "output_tokens", total, rng)
@@ -116,5 +149,8 @@ def conversations(spec: Mapping[str, Any], rng: np.random.Generator) -> list[Req
             k += 1
         k = int(turns[: c + 1].sum())  # draws stay aligned per conversation: same seed, same turns
     rows.sort(key=lambda r: r[0])
+    if rows and rows[-1][0] > MAX_ARRIVAL_S:
+        raise ConversationError(f"{WHERE}.rate: turns arrive until {rows[-1][0]:.3g} s, beyond "
+                                f"{MAX_ARRIVAL_S:.0e} s where float time loses step precision")
     return [Request(id=i, arrival_s=r[0], num_prompt_tokens=r[1], num_output_tokens=r[2],
                     prefix_id=r[3], num_prefix_tokens=r[4]) for i, r in enumerate(rows)]

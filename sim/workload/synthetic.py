@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.core.errors import InputError
+from sim.workload.limits import MAX_CV, MAX_SIGMA, MIN_CV
 from sim.workload.traces import MAX_TOKENS  # the same bound as trace files
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant")
@@ -37,8 +38,8 @@ def interarrival_gaps(process: str, rate: float, n: int, rng: np.random.Generato
     if process == "poisson":
         return rng.exponential(1.0 / rate, n)
     if process == "gamma":
-        if cv <= 0 or not np.isfinite(cv):
-            raise InputError(f"cv must be a finite number > 0, got {cv}")
+        if not MIN_CV <= cv <= MAX_CV:  # beyond, 1/cv**2 overflows or vanishes
+            raise InputError(f"cv must be in [{MIN_CV:g}, {MAX_CV:g}], got {cv}")
         shape = 1.0 / cv**2
         return rng.gamma(shape, 1.0 / (rate * shape), n)
     if process == "constant":
@@ -103,8 +104,8 @@ def lognormal(size: int, rng: np.random.Generator, *, sigma: float,
     """Lognormal token counts (float): log-std ``sigma`` and the given ``mean`` or ``median``."""
     if (mean is None) == (median is None):
         raise InputError("lognormal needs exactly one of mean or median")
-    if sigma < 0:
-        raise InputError(f"sigma must be >= 0, got {sigma}")
+    if not 0 <= sigma <= MAX_SIGMA:  # beyond, sigma**2 overflows
+        raise InputError(f"sigma must be in [0, {MAX_SIGMA:g}], got {sigma}")
     if median is not None:
         mu = np.log(median)
     else:

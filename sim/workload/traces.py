@@ -11,6 +11,11 @@ bytes — is a ``TraceError`` whose one-line message names the file, the 1-based
 leaking a pandas traceback. Row numbers count from the top of the file whichever chunk a row
 fell in, and a file with several problems reports the one a whole-file read would.
 
+Numeric cells must be numbers: pandas reads ``true``/``TRUE``/``False`` as booleans (1 and
+0), which are refused. Azure stamps with a UTC offset count in UTC; mixing stamps with and
+without one is refused at the first row that differs, and stamps more than ``MAX_ARRIVAL_S``
+from the first row's are refused (as arrival times of the other formats are).
+
 A gzip-compressed trace (recognised by its magic bytes, whatever its name; ``.csv.gz``) loads
 exactly like the CSV it holds, with the same results and messages; a corrupt one is a
 ``TraceError`` naming the file.
@@ -21,6 +26,7 @@ import csv
 import gzip
 import importlib.resources
 import io
+import re
 import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -409,6 +415,7 @@ class _Scan:
         self.held: tuple[pd.DataFrame, int] | None = None  # first row of a trailing blank run
         self.problem: _CheckFailed | None = None
         self.first_ns: np.int64 | None = None
+        self.first_aware = False         # the first Azure stamp has a UTC offset
         self.last_arrival = -np.inf
         self.unsorted = False
         self.chunks = 0
@@ -535,10 +542,24 @@ class _Scan:
                 raise at.fail(int(over[0]), "num_prefix_tokens", "longer than the row's prompt",
                               stage=_PREFIX_STAGE)
         if self.fmt == "azure":
-            # Seconds since the file's first row, in exact integer nanoseconds until the end.
+            stamps = values["arrival_s"]
+            aware = has_utc_offset(frame["TIMESTAMP"].iloc[0])
             if self.first_ns is None:
-                self.first_ns = values["arrival_s"][0]
-            values["arrival_s"] = (values["arrival_s"] - self.first_ns) / 1e9
+                self.first_ns, self.first_aware = stamps[0], aware
+            elif aware != self.first_aware:  # this chunk's form against the file's first row
+                raise at.fail(0, "TIMESTAMP", _mixed_zones(frame["TIMESTAMP"].iloc[0], aware, 1),
+                              stage=0, check=2)
+            # More than MAX_ARRIVAL_S from the first row is refused (as in the other formats),
+            # which also keeps the int64 nanosecond difference below from overflowing.
+            span = int(MAX_ARRIVAL_S * 1e9)
+            lo = max(int(self.first_ns) - span, -2**63)
+            hi = min(int(self.first_ns) + span, 2**63 - 1)
+            far = np.flatnonzero((stamps < lo) | (stamps > hi))
+            if far.size:
+                raise at.fail(int(far[0]), "TIMESTAMP", f"more than {MAX_ARRIVAL_S:g} s from the "
+                              "first row's time", stage=0, check=2)
+            # Seconds since the file's first row, in exact integer nanoseconds until the end.
+            values["arrival_s"] = (stamps - self.first_ns) / 1e9
         if "arrival_s" in values:
             self._check_order(at, values["arrival_s"])
         return values
@@ -625,13 +646,22 @@ def _numeric(at: _Rows, col: pd.Series, name: str) -> np.ndarray:
     """Float64 values of a column; the first non-numeric, missing, NaN or inf cell is an error."""
     values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(values)
+    if col.dtype.kind in "bO":  # pandas reads true/TRUE/False as booleans, which are 1 and 0
+        bad |= col.map(_is_bool).to_numpy(dtype=bool)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raw = col.iloc[i]
         what = ("missing value" if raw is None or (isinstance(raw, float) and np.isnan(raw))
-                or str(raw).strip() == "" else f"not a finite number: {str(raw)[:40]!r}")
+                or str(raw).strip() == "" else
+                f"not a number: {str(raw)!r} (a true/false word)" if _is_bool(raw)
+                else f"not a finite number: {str(raw)[:40]!r}")
         raise at.fail(i, name, what)
     return values
+
+
+def _is_bool(value: object) -> bool:
+    """A cell pandas read as a boolean (``true``, ``TRUE``, ``False``...)."""
+    return isinstance(value, bool | np.bool_)
 
 
 def _parse_tokens(at: _Rows, col: pd.Series, name: str) -> np.ndarray:
@@ -657,8 +687,21 @@ def _parse_arrivals(at: _Rows, col: pd.Series, name: str) -> np.ndarray:
 
 
 def _parse_timestamps(at: _Rows, col: pd.Series, name: str) -> np.ndarray:
-    """Azure wall-clock stamps as int64 nanoseconds (the caller counts from the first row)."""
-    ts = pd.to_datetime(col, format="ISO8601", errors="coerce")
+    """Azure wall-clock stamps as int64 nanoseconds (the caller counts from the first row).
+
+    Stamps with a UTC offset count in UTC. Mixing stamps with and without an offset has no
+    meaning (a naive time is in no zone): the first row whose form differs from the chunk's
+    first row is an error (``_Scan`` compares chunks with each other the same way).
+    """
+    try:
+        ts = pd.to_datetime(col, format="ISO8601", errors="coerce")
+    except ValueError:  # "Mixed timezones detected": offsets mixed with naive times, or
+        aware = col.astype(str).str.contains(_OFFSET, regex=True).to_numpy()  # two offsets
+        if not aware.all():
+            i = int(np.flatnonzero(aware != aware[0])[0])
+            raise at.fail(i, name, _mixed_zones(col.iloc[i], bool(aware[i]),
+                                                at.offset + 1)) from None
+        ts = pd.to_datetime(col, format="ISO8601", errors="coerce", utc=True)
     bad = ts.isna().to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -666,7 +709,26 @@ def _parse_timestamps(at: _Rows, col: pd.Series, name: str) -> np.ndarray:
         what = ("missing value" if not isinstance(raw, str) or not raw.strip()
                 else f"not a timestamp like 2023-11-16 18:15:46.6800000: {raw[:40]!r}")
         raise at.fail(i, name, what)
+    if ts.dt.tz is not None:
+        ts = ts.dt.tz_convert(None)  # UTC wall-clock
     return ts.to_numpy().astype("datetime64[ns]").astype(np.int64)
+
+
+#: The end of an ISO 8601 time with a UTC offset (``Z``, ``+05:00``, ``-0800``).
+_OFFSET = r"\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)\s*$"
+
+
+def has_utc_offset(stamp: object) -> bool:
+    """Whether an Azure ``TIMESTAMP`` cell ends in a UTC offset."""
+    return bool(re.search(_OFFSET, str(stamp)))
+
+
+def _mixed_zones(raw: object, aware: bool, first_row: int) -> str:
+    """The message for a stamp whose offset form differs from row ``first_row``'s."""
+    has = "has a UTC offset" if aware else "has no UTC offset"
+    other = "has none" if aware else "has one"
+    return (f"{str(raw)[:40]!r} {has} but row {first_row} {other}; give every time an "
+            "offset or none")
 
 
 def _parse_priority(at: _Rows, col: pd.Series, name: str) -> np.ndarray:
