@@ -22,7 +22,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     summary = run_experiment(args.config, overrides=args.set, out=args.out, jobs=args.jobs,
                              executor=args.executor, address=args.address,
-                             plots=False if args.no_plots else None, quiet=args.quiet)
+                             plots=False if args.no_plots else None, quiet=args.quiet,
+                             sweeps=_sweeps(args.sweep))
     cols = [c for c in ("label", "request_throughput", "p99_ttft_ms", "p99_tpot_ms",
                         "busy_fraction", "slot_utilization") if c in summary.columns]
     if len(summary) and not args.quiet:
@@ -35,6 +36,14 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{summary.attrs.get('out')}/runs/*/error.txt)", file=sys.stderr)
         return 1
     return 0
+
+
+def _sweeps(texts: list[str]) -> dict[str, list] | None:
+    """``--sweep KEY=[...]`` flags as a mapping of dotted key to values (a key given twice
+    keeps its last list, as with ``--set``)."""
+    from sim.experiments.overrides import parse_sweep
+
+    return dict(parse_sweep(t) for t in texts) or None
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -103,7 +112,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from sim.experiments.capacity import run_capacity
 
     run_capacity(args.config, slo=args.slo, attainment=args.attainment, overrides=args.set,
-                 out=args.out, tolerance=args.tolerance, jobs=args.jobs, quiet=args.quiet)
+                 out=args.out, tolerance=args.tolerance, jobs=args.jobs, quiet=args.quiet,
+                 sweeps=_sweeps(args.sweep))
     return 0
 
 
@@ -134,7 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config", help="experiment YAML file")
     r.add_argument("--out", help="output folder (default runs/<name>)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a dotted config key (repeatable)")
+                   help="override a dotted config key (repeatable); on a swept key it "
+                   "replaces the sweep; 'sweep.KEY=[...]' sets a sweep, 'sweep=null' drops all")
+    r.add_argument("--sweep", action="append", default=[], metavar="KEY=[V,...]",
+                   help="sweep a dotted key over values, e.g. workload.rate=[2,4] "
+                   "(repeatable; same as --set 'sweep.KEY=[...]')")
     r.add_argument("--jobs", type=int, default=1, help="parallel runs on this machine")
     r.add_argument("--executor", choices=("local", "dask"), default="local")
     r.add_argument("--address", help="Dask scheduler address (default: a local cluster)")
@@ -166,7 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--attainment", type=float, default=None,
                      help="per-request SLO attainment goal instead of percentiles (e.g. 0.9)")
     cap.add_argument("--tolerance", type=float, default=0.05, help="relative rate tolerance")
-    cap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    cap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a dotted config key (repeatable), as for run")
+    cap.add_argument("--sweep", action="append", default=[], metavar="KEY=[V,...]",
+                     help="sweep a dotted key: one capacity search per value, as for run")
     cap.add_argument("--out", help="folder for capacity.csv and search.csv (default "
                      "runs/<name>-capacity); probe results are cached there and reused")
     cap.add_argument("--jobs", type=int, default=1, help="probes run in parallel per round")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Protocol
@@ -171,25 +172,43 @@ def seed_aggregate(summary: pd.DataFrame) -> pd.DataFrame | None:
     return mean.join(half.add_suffix("_ci95")).reset_index()
 
 
-def run_experiment(path: str | Path, overrides: list[str] | None = None,
+def _note(text: str) -> None:
+    """One line on stderr (an override that replaced a sweep)."""
+    print(f"batchsim: {text}", file=sys.stderr)
+
+
+def _plain_overrides(overrides: Iterable[str] | Mapping[str, Any] | None) -> Any:
+    """The overrides as recorded in ``experiment.yaml`` (a list of strings or a mapping)."""
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    return list(overrides or [])
+
+
+def run_experiment(path: str | Path,
+                   overrides: Iterable[str] | Mapping[str, Any] | None = None,
                    out: str | Path | None = None, jobs: int = 1, executor: str = "local",
                    address: str | None = None, plots: bool | None = None,
-                   quiet: bool = False, report: ReportWriter | None = None) -> pd.DataFrame:
+                   quiet: bool = False, report: ReportWriter | None = None, *,
+                   sweeps: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Run (or resume) the experiment at ``path``; return its summary table.
 
-    ``report`` draws the plots and ``report.md`` once the runs are done (the report layer sits
-    above this one, so the caller hands it in; ``sim.run_experiment`` always does).
+    ``overrides`` and ``sweeps`` follow ``sim.experiments.overrides``' rules (a note on stderr
+    says when an override replaces a sweep, unless ``quiet``). ``report`` draws the plots and
+    ``report.md`` once the runs are done (the report layer sits above this one, so the caller
+    hands it in; ``sim.run_experiment`` always does).
     """
     path = Path(path)
     raw = load_yaml(path)
-    base, runs = expand_runs(raw, overrides, source=str(path))
+    base, runs = expand_runs(raw, overrides, source=str(path), sweeps=sweeps,
+                             notify=None if quiet else _note)
     base_dir = path.resolve().parent
     preflight(runs, base_dir, str(path))
     out = Path(out) if out else Path("runs") / base["name"]
     (out / "runs").mkdir(parents=True, exist_ok=True)
     clean_temp_files(out)
     write_text(out / "experiment.yaml", yaml.safe_dump(
-        {"source": str(path), "overrides": overrides or [], "experiment": raw},
+        {"source": str(path), "overrides": _plain_overrides(overrides),
+         **({"sweeps": dict(sweeps)} if sweeps else {}), "experiment": raw},
         sort_keys=False))
     todo: list[tuple[str, dict[str, Any]]] = []
     for spec in runs:
