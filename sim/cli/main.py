@@ -66,8 +66,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     folder = Path(args.run_dir)
     if not (folder / "summary.json").exists():
+        runs = folder.parent if folder.parent.name == "runs" else folder / "runs"
+        done = sorted(p.name for p in runs.glob("*") if (p / "summary.json").is_file()) \
+            if runs.is_dir() else []
+        hint = (f"; finished runs in {runs}: " + ", ".join(done[:20])
+                + (f" (and {len(done) - 20} more)" if len(done) > 20 else "")) if done else ""
         raise ConfigError(f"{folder}: not a finished run folder (expected runs/<id>/ with "
-                          "summary.json)")
+                          f"summary.json){hint}")
     path = export_chrome_trace(read_table(folder / "steps"), Path(args.out or
                                folder / "trace.json"), read_table(folder / "requests"))
     print(f"wrote {path} (open it in ui.perfetto.dev or chrome://tracing)")
@@ -75,7 +80,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    """``batchsim profiles``: built-in GPUs and models (and KV capacity for a pair)."""
+    """``batchsim profiles``: built-in GPUs and models; one GPU's or model's specs; the KV
+    capacity of a model on a GPU."""
     from sim.cost import profiles as hardware
 
     if args.model and args.hardware:
@@ -83,6 +89,12 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
         print(describe_capacity(args.model, args.hardware, args.tp, args.block_size,
                                 args.gpu_memory_utilization))
+        return 0
+    if args.hardware or args.model:
+        from sim.cli.inspect import describe_gpu, describe_model
+
+        print(describe_gpu(hardware.load_gpu(args.hardware)) if args.hardware
+              else describe_model(hardware.load_model(args.model)))
         return 0
     print("GPUs:   " + ", ".join(hardware.list_gpus()))
     print("Models: " + ", ".join(hardware.list_models()))
@@ -135,8 +147,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from sim.core.version import __version__
+
     p = _Parser(prog="batchsim", description="Simulate LLM serving batching "
                 "policies on a calibrated roofline cost model.")
+    p.add_argument("--version", action="version", version=f"batchsim {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
 
@@ -190,10 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--quiet", action="store_true", help="print nothing but errors")
     cap.set_defaults(func=cmd_capacity)
 
-    pr = sub.add_parser("profiles", help="list built-in GPUs and models; with --model and "
-                        "--hardware, show KV capacity")
-    pr.add_argument("--model")
-    pr.add_argument("--hardware")
+    pr = sub.add_parser("profiles", help="list built-in GPUs and models; --hardware X: the "
+                        "GPU's specs; --model X: the architecture; both: KV capacity")
+    pr.add_argument("--model", help="built-in model name, model YAML or HF config.json")
+    pr.add_argument("--hardware", help="built-in GPU name or GPU profile YAML")
     pr.add_argument("--tp", type=int, default=1)
     pr.add_argument("--block-size", type=int, default=16)
     pr.add_argument("--gpu-memory-utilization", type=float, default=0.9)

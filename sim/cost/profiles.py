@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from sim.core.errors import InputError
-from sim.core.paths import checkout_root
+from sim.core.paths import PROFILE_SUFFIXES, checkout_root, names_a_file
 
 #: Bytes per element of each supported weight / KV dtype. int4 is weight-only (AWQ/GPTQ style).
 DTYPE_BYTES: Mapping[str, float] = {
@@ -70,14 +70,14 @@ def _read(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
     """Load the raw mapping of a profile by built-in name or file path; return it and its origin."""
     text = str(name_or_path)
     path = Path(text).expanduser()
-    if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml", ".json")) or "/" in text:
+    if isinstance(name_or_path, Path) or names_a_file(text):
         if path.is_file():
             raw = path.read_text(encoding="utf-8")
             data = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
             if not isinstance(data, dict):
                 raise ProfileError(f"{path}: expected a mapping at the top level")
             return data, str(path)
-        if kind != "models" or path.suffix in (".yaml", ".yml", ".json"):
+        if kind != "models" or path.suffix in PROFILE_SUFFIXES:
             raise ProfileError(f"{kind[:-1]} profile file not found: {path}")
     known = _builtin(kind)
     key = _norm(text)
@@ -173,6 +173,9 @@ class GpuProfile:
     calibration: Calibration
     sources: Mapping[str, str]
     origin: str = ""
+    #: Device memory technology (``HBM3``, ``GDDR6``...); ``""`` when the profile omits it.
+    #: ``hbm_gb`` / ``hbm_tbps`` hold the size and bandwidth of whichever memory it is.
+    memory_type: str = ""
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense FLOP/s of one GPU for ``dtype``; weight-only formats (or a GPU without the
@@ -223,6 +226,7 @@ def load_gpu(name_or_path: str | Path) -> GpuProfile:
                                 fit=fit),
         sources=dict(data.get("sources") or {}),
         origin=origin,
+        memory_type=str(data.get("memory_type") or ""),
     )
 
 

@@ -186,12 +186,15 @@ def search(start: float, tolerance: float, width: int,
     return Outcome(lo, hi, "found")
 
 
-def cost_per_mtok(config: dict[str, Any], output_throughput: float) -> float | None:
+def cost_per_mtok(config: dict[str, Any], output_throughput: float,
+                  base_dir: str | None = None) -> float | None:
     """USD per million output tokens: GPU price × GPUs / output tokens per hour (or None)."""
+    from sim.core.paths import resolve_from
     from sim.cost.profiles import load_gpu
 
     try:
-        price = load_gpu(config["hardware"]).price_per_gpu_hour_usd
+        hardware = resolve_from(config["hardware"], Path(base_dir) if base_dir else None)
+        price = load_gpu(hardware).price_per_gpu_hour_usd
     except (ValueError, OSError):
         return None
     par = config["parallelism"]
@@ -260,7 +263,8 @@ class _Prober:
                 **{c: s.get(c, math.nan) for c in list(SHOWN) + self.slos.columns()},
                 "busy_fraction": s.get("busy_fraction", math.nan),
                 "gpus": par["tp"] * par["replicas"], "hardware": t.config["hardware"],
-                "cost_per_mtok_usd": cost_per_mtok(t.config, s.get("output_throughput", 0.0))
+                "cost_per_mtok_usd": cost_per_mtok(t.config, s.get("output_throughput", 0.0),
+                                                   self.base_dir)
                 if found.status == "found" else None}
 
 

@@ -55,7 +55,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
         try:
             make_policy(cfg["policy"])
             try:
-                cost = build_cost(cfg)
+                cost = build_cost(cfg, base_dir)
             except InputError as e:
                 # A profile error names a model or GPU, not a key: say which keys it came from.
                 if e.field is None:

@@ -16,6 +16,7 @@ import numpy as np
 import yaml
 
 from sim.core.errors import InputError
+from sim.core.paths import resolve_from
 from sim.core.types import Request
 from sim.core.version import __version__
 from sim.cost.base import ConstantCost, CostModel, LinearCost
@@ -29,8 +30,9 @@ def run_id(config: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def build_cost(config: dict[str, Any]) -> CostModel:
-    """The cost model a run config asks for."""
+def build_cost(config: dict[str, Any], base_dir: Path | None = None) -> CostModel:
+    """The cost model a run config asks for; relative profile paths (``model``, ``hardware``,
+    ``engine``) resolve from ``base_dir``, the experiment file's folder."""
     c = config["cost"]
     if c["kind"] == "constant":
         if c["step_s"] is None:
@@ -41,8 +43,10 @@ def build_cost(config: dict[str, Any]) -> CostModel:
                           per_seq_s=c["per_seq_s"])
     from sim.cost.roofline import build_cost_model
 
-    return build_cost_model(model=config["model"], hardware=config["hardware"],
-                            tp=config["parallelism"]["tp"], engine=config["engine"],
+    return build_cost_model(model=resolve_from(config["model"], base_dir),
+                            hardware=resolve_from(config["hardware"], base_dir),
+                            tp=config["parallelism"]["tp"],
+                            engine=resolve_from(config["engine"], base_dir),
                             weight_dtype=c["weight_dtype"], kv_dtype=c["kv_dtype"])
 
 
@@ -73,7 +77,7 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
     """Simulate one resolved run config and return its result."""
     if requests is None:
         requests = build_requests(config, base_dir)
-    cost = build_cost(config)
+    cost = build_cost(config, base_dir)
     slos = {k: v for k, v in config["slos"].items() if v is not None}
     return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
                         seed=config["seed"], num_replicas=config["parallelism"]["replicas"],
