@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, cast
@@ -73,7 +73,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
              slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
              checks: bool = False, event_skipping: bool = True,
              wall_clock_s: float | None = None,
-             max_model_len: int | None | str = "model", fast_path: bool | str = True
+             max_model_len: int | None | str = "model", fast_path: bool | str = True,
+             monitor: Callable[[Sequence[StepLog], np.ndarray], None] | None = None
              ) -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
 
@@ -98,7 +99,10 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     (roofline, constant or linear cost) through the compiled kernel (``sim.engine.fastkernel``) and
     the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose one of the two whatever
     the size (``"compiled"`` falls back to interpreted where the kernel does not apply). All give
-    the same results, bit for bit.
+    the same results, bit for bit. ``monitor`` is handed the step logs (one per replica on
+    the fast path, one shared otherwise) and the arrival times in order just before the run
+    starts, for a progress display that reads them from another thread: nothing is added to
+    the loops (a compiled replica's log fills when it ends).
     """
     if fast_path not in _FAST_PATH_CHOICES:
         raise InputError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
@@ -121,6 +125,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
             raise InputError("must all be integers on the fast path", field="requests[].id")
         cols = _arrival_order(cols)
         logs = [StepLog() for _ in policies]
+        if monitor is not None:
+            monitor(logs, cols["arrival_s"])
         outs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
                           fast_path, max_model_len=limit, horizon_s=horizon_s,
                           deadline=deadline) for k in range(num_replicas)]
@@ -130,6 +136,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
             requests = requests.to_requests()
         reqs = sorted(requests, key=_ARRIVAL_ORDER)
         logs = [StepLog()]
+        if monitor is not None:
+            monitor(logs, np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
         table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
                             horizon_s=horizon_s, event_skipping=event_skipping,
                             max_model_len=limit, deadline=deadline)

@@ -112,7 +112,10 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
 
 
 def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, jobs: int,
-             executor: str, address: str | None, on_done: Callable[[str, dict], None]) -> None:
+             executor: str, address: str | None, on_done: Callable[[str, dict], None],
+             labels: dict[str, str] | None = None) -> None:
+    """Run ``todo`` serially, on a process pool or on Dask; ``labels`` (serial runs only):
+    the progress label of each run id, for a bar inside each run."""
     args = [(cfg, str(base_dir), str(out / "runs" / rid)) for rid, cfg in todo]
     if executor == "dask":
         from sim.experiments.dask_executor import run_on_dask
@@ -122,7 +125,8 @@ def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, 
         return
     if jobs <= 1 or len(args) <= 1:
         for a in args:
-            on_done(Path(a[2]).name, execute_run(*a))
+            rid = Path(a[2]).name
+            on_done(rid, execute_run(*a, progress=(labels or {}).get(rid)))
         return
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(args)), initializer=worker_init)
     try:
@@ -170,6 +174,15 @@ def seed_aggregate(summary: pd.DataFrame) -> pd.DataFrame | None:
     mean, sem, n = g.mean(), g.sem(), g.count()
     half = sem * stats.t.ppf(0.975, (n - 1).clip(lower=1))
     return mean.join(half.add_suffix("_ci95")).reset_index()
+
+
+def _run_labels(runs: list[RunSpec], todo: list[tuple[str, dict[str, Any]]]
+                ) -> dict[str, str]:
+    """``[i/n] label key=value`` of each run to do, for its progress bar."""
+    names = {run_id(s.config): " ".join([s.label, *(f"{k}={v}" for k, v in s.swept.items())])
+             for s in runs}
+    return {rid: f"[{i}/{len(todo)}] {names.get(rid, rid)}" for i, (rid, _) in
+            enumerate(todo, 1)}
 
 
 def _note(text: str) -> None:
@@ -226,7 +239,8 @@ def run_experiment(path: str | Path,
         progress.advance(rid, result.get("error"))
 
     try:
-        _execute(todo, base_dir, out, jobs, executor, address, on_done)
+        _execute(todo, base_dir, out, jobs, executor, address, on_done,
+                 _run_labels(runs, todo) if progress.bar else None)
     except BaseException:
         progress.close()
         clean_temp_files(out)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from sim.core.version import __version__
 from sim.cost.base import ConstantCost, CostModel, LinearCost
 from sim.engine.simulate import SimResult, simulate
 from sim.experiments.results import atomic_write, write_json, write_table, write_text
+from sim.experiments.run_progress import RunProgress
 
 
 def run_id(config: dict[str, Any]) -> str:
@@ -73,8 +75,10 @@ def build_requests(config: dict[str, Any], base_dir: Path | None) -> list[Reques
 
 
 def simulate_config(config: dict[str, Any], base_dir: Path | None,
-                    requests: list[Request] | None = None) -> SimResult:
-    """Simulate one resolved run config and return its result."""
+                    requests: list[Request] | None = None,
+                    monitor: Callable[..., None] | None = None) -> SimResult:
+    """Simulate one resolved run config and return its result (``monitor``: see
+    ``simulate``)."""
     if requests is None:
         requests = build_requests(config, base_dir)
     cost = build_cost(config, base_dir)
@@ -85,11 +89,16 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
                         cooldown_s=config["metrics"]["cooldown_s"], slos=slos or None,
                         horizon_s=config["limits"]["horizon_s"],
                         wall_clock_s=config["limits"]["wall_clock_s"],
-                        max_model_len=config["limits"]["max_model_len"] or "model")
+                        max_model_len=config["limits"]["max_model_len"] or "model",
+                        monitor=monitor)
 
 
-def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str) -> dict[str, Any]:
+def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
+                progress: str | None = None) -> dict[str, Any]:
     """Run one config into ``run_dir``; return its summary (or ``{"error": ...}``).
+
+    ``progress``: a label to show a progress bar under while the run goes (on a terminal
+    only; ``sim.experiments.run_progress``).
 
     Files are written atomically and ``summary.json`` last, so a folder without it is an
     unfinished run that a resume will redo.
@@ -101,7 +110,9 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str) -> d
     (folder / "error.txt").unlink(missing_ok=True)
     t0 = time.perf_counter()
     try:
-        res = simulate_config(config, Path(base_dir) if base_dir else None)
+        with RunProgress(progress or "", enabled=None if progress else False) as bar:
+            res = simulate_config(config, Path(base_dir) if base_dir else None,
+                                  monitor=bar.attach if bar.enabled else None)
     except Exception as e:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
         write_text(folder / "error.txt", f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
         return {"error": f"{type(e).__name__}: {e}"}
