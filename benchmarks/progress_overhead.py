@@ -26,7 +26,7 @@ from sim.experiments.runner import simulate_config  # noqa: E402
 CASES = {
     "chunked_prefill (general engine)": {"policy": {"name": "chunked_prefill",
                                                     "token_budget": 512}, "n": 2000},
-    "continuous (interpreted fast path)": {"policy": {"name": "continuous"}, "n": 10000},
+    "continuous (interpreted fast path)": {"policy": {"name": "continuous"}, "n": 45000},
 }
 
 
