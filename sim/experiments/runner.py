@@ -111,8 +111,10 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
     t0 = time.perf_counter()
     try:
         with RunProgress(progress or "", enabled=None if progress else False) as bar:
-            res = simulate_config(config, Path(base_dir) if base_dir else None,
-                                  monitor=bar.attach if bar.enabled else None)
+            folder_in = Path(base_dir) if base_dir else None
+            # the monitor only when a bar is drawn: a plain run calls simulate_config as before
+            res = (simulate_config(config, folder_in, monitor=bar.attach) if bar.enabled
+                   else simulate_config(config, folder_in))
     except Exception as e:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
         write_text(folder / "error.txt", f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
         return {"error": f"{type(e).__name__}: {e}"}

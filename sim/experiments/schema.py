@@ -60,8 +60,9 @@ SCHEMA: dict[str, Any] = {
                              "reach; default the model's max_position_embeddings (vLLM's "
                              "rule); longer requests are rejected at arrival.", "tokens", 1),
     },
-    "sweep": Key(MAP, None, "dotted.key: [values] — Cartesian product of runs."),
-    "zip": Key(MAP, None, "dotted.key: [values] — lists of equal length varied together."),
+    "sweep": Key(MAP + (OPT,), None, "dotted.key: [values] — Cartesian product of runs."),
+    "zip": Key(MAP + (OPT,), None, "dotted.key: [values] — lists of equal length varied "
+               "together."),
     "output": {
         "plots": Key((bool,), True, "Draw the PNG plots."),
         "load_key": Key(STR + (OPT,), None, "Swept key used as the x axis of load plots "
