@@ -6,21 +6,27 @@ this same function, so Python and the command line share one set of defaults.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 
-def run_experiment(path: str | Path, overrides: list[str] | None = None,
-                   out: str | Path | None = None, **kwargs: Any) -> pd.DataFrame:
+def run_experiment(path: str | Path,
+                   overrides: Iterable[str] | Mapping[str, Any] | None = None,
+                   out: str | Path | None = None, *, sweeps: Mapping[str, Any] | None = None,
+                   **kwargs: Any) -> pd.DataFrame:
     """Run (or resume) the experiment YAML at ``path`` into ``out`` and write its report.
 
-    ``overrides`` are ``--set``-style ``dotted.key=value`` strings; further keyword arguments
-    (``jobs``, ``executor``, ``address``, ``plots``, ``quiet``) are those of ``batchsim run``.
-    Returns the summary table (one row per run).
+    ``overrides`` are ``--set``-style ``dotted.key=value`` strings (or a mapping of dotted key
+    to value); an override of a swept key replaces that sweep with the one value.
+    ``sweeps`` maps dotted keys to lists of values (``--sweep``; ``None`` removes that key's
+    sweep). Further keyword arguments (``jobs``, ``executor``, ``address``, ``plots``,
+    ``quiet``) are those of ``batchsim run``. Returns the summary table (one row per run).
     """
     from sim.experiments.run import run_experiment as _run
     from sim.report.markdown import write_outputs
 
-    return _run(path, overrides=overrides, out=out, report=write_outputs, **kwargs)
+    return _run(path, overrides=overrides, out=out, report=write_outputs, sweeps=sweeps,
+                **kwargs)

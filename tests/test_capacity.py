@@ -117,21 +117,113 @@ def test_one_entry_per_policy(exp, tmp_path):
     assert table.loc[1, "max_rate"] > table.loc[0, "max_rate"]  # two rows: more capacity
 
 
-def test_impossible_slo_reports_none(exp, tmp_path):
-    table = run_capacity(exp, slo="ttft_p99_ms=5", out=tmp_path / "cap", quiet=True)
-    assert table.loc[0, "status"] == "none" and math.isnan(table.loc[0, "max_rate"])
+def test_impossible_slo_is_infeasible_with_no_cost(exp, tmp_path, capsys):
+    # one step (10 ms) is already more than the 5 ms TTFT limit: it fails at every rate
+    code = main(["capacity", str(exp), "--slo", "ttft_p99_ms=5", "--out", str(tmp_path / "c")])
+    text = capsys.readouterr().out
+    assert code == 0
+    cap = pd.read_csv(tmp_path / "c" / "capacity.csv")
+    row = cap.iloc[0]
+    assert row["status"] == "infeasible" and math.isnan(row["max_rate"])
+    assert row["binding"] == "p99_ttft_ms" and math.isnan(row["cost_per_mtok_usd"])
+    trace = pd.read_csv(tmp_path / "c" / "search.csv")
+    assert row["fail_rate"] == trace["rate"].min() and not trace["passed"].any()
+    assert "infeasible: p99_ttft_ms=" in text and "no capacity and no cost" in text
+    assert "found" not in text
+
+
+def passes_below(limit):
+    return lambda rates, phase: [r <= limit for r in rates]
 
 
 def test_search_statuses():
-    def passes_below(limit):
-        return lambda rates, phase: [r <= limit for r in rates]
+    out = search(1.0, 0.01, 1, passes_below(3.3))
+    assert out.status == "found" and 3.3 / 1.01 <= out.rate <= 3.3 < out.fail_rate
+    assert out.fail_rate <= out.rate * 1.01
+    out = search(8.0, 0.01, 3, passes_below(0.7))
+    assert out.status == "found" and 0.7 / 1.01 <= out.rate <= 0.7
+    out = search(1.0, 0.01, 2, passes_below(math.inf))
+    assert (out.rate, out.status) == (4096.0, "unbounded") and math.isnan(out.fail_rate)
+    out = search(1.0, 0.01, 1, passes_below(0))
+    assert out.status == "infeasible" and math.isnan(out.rate)
+    assert out.fail_rate == pytest.approx(1 / 4096, rel=1e-5)
 
-    rate, status = search(1.0, 0.01, 1, passes_below(3.3))
-    assert status == "found" and 3.3 / 1.01 <= rate <= 3.3
-    rate, status = search(8.0, 0.01, 3, passes_below(0.7))
-    assert status == "found" and 0.7 / 1.01 <= rate <= 0.7
-    assert search(1.0, 0.01, 2, passes_below(math.inf)) == (4096.0, "at least")
-    assert math.isnan(search(1.0, 0.01, 1, passes_below(0))[0])
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_halving_stops_at_the_first_failure_near_idle(width):
+    probed: list[float] = []
+
+    def evaluate(rates, phase):
+        probed.extend(rates)
+        return [False] * len(rates)
+
+    out = search(8.0, 0.01, width, evaluate, near_idle=lambda r: r <= 1.0)
+    assert out.status == "infeasible" and math.isnan(out.rate) and out.fail_rate <= 1.0
+    assert min(probed) >= 1.0 / 2 ** (width - 1)  # no halving past the first idle failure
+    # a failure that is not near idle keeps halving, and a pass below it is still found
+    out = search(8.0, 0.01, width, passes_below(0.3), near_idle=lambda r: r <= 0.1)
+    assert out.status == "found" and 0.3 / 1.01 <= out.rate <= 0.3
+
+
+def test_binding_metric_is_the_worst_failing_slo():
+    slos = parse_slos("ttft_p99_ms=100,tpot_p99_ms=10")
+    assert slos.binding({"p99_ttft_ms": 150.0, "p99_tpot_ms": 30.0}) == "p99_tpot_ms"
+    assert slos.binding({"p99_ttft_ms": 150.0, "p99_tpot_ms": 5.0}) == "p99_ttft_ms"
+    assert slos.binding({"p99_ttft_ms": 50.0, "p99_tpot_ms": 5.0}) is None
+    assert slos.binding({"p99_ttft_ms": 50.0, "p99_tpot_ms": 5.0,
+                         "num_unfinished": 3}) == "stability"
+    assert slos.binding({"p99_ttft_ms": None, "p99_tpot_ms": 5.0}) == "p99_ttft_ms"
+
+
+def test_found_rate_names_the_binding_metric_and_prices_it(exp, tmp_path, capsys):
+    # TTFT binds first (the queue builds up), TPOT (one step per token) never fails
+    table = run_capacity(exp, slo=f"ttft_p99_ms={TTFT_MS},tpot_p99_ms=50", tolerance=0.02,
+                         out=tmp_path / "cap")
+    row = table.iloc[0]
+    assert row["status"] == "found" and row["binding"] == "p99_ttft_ms"
+    assert row["max_rate"] < p99_capacity() < row["fail_rate"] <= row["max_rate"] * 1.02
+    assert row["cost_per_mtok_usd"] > 0
+    assert "binding: p99_ttft_ms" in capsys.readouterr().out
+
+
+def test_unbounded_when_the_highest_rate_passes(exp, tmp_path, capsys):
+    # 3 requests of 10 steps in one batch: no rate can queue them
+    text = exp.read_text().replace(f"num_requests: {N}", "num_requests: 3").replace(
+        "max_num_seqs: 1", "max_num_seqs: 8")
+    exp.write_text(text)
+    table = run_capacity(exp, slo="ttft_p99_ms=1000", out=tmp_path / "cap")
+    row = table.iloc[0]
+    assert row["status"] == "unbounded" and row["max_rate"] == 5 * 2 ** 12
+    assert row["cost_per_mtok_usd"] is None and row["binding"] is None
+    assert "unbounded: meets the SLOs" in capsys.readouterr().out
+
+
+def test_issue_llama70b_8xh100_azure_code_tpot_50ms_is_infeasible(tmp_path, capsys):
+    """The reported case: Llama-3-70B on 8 H100s (TP 8), the Azure code trace, continuous
+    batching without chunking, p99 TPOT <= 50 ms. Long code prompts stall running decodes,
+    so TPOT fails whenever two requests overlap; halving the rate used to run 12 times and
+    report a near-idle rate as "found" at $41,897 per million tokens."""
+    exp = tmp_path / "llama70b.yaml"
+    exp.write_text("""
+name: llama70b-code
+model: llama-3-70b
+hardware: h100-sxm
+parallelism: {tp: 8}
+workload: {trace: azure-code, max_requests: 100}
+policy: {name: continuous}
+""")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    code = main(["capacity", str(exp), "--slo", "tpot_p99_ms=50", "--out", str(tmp_path / "c")])
+    text = capsys.readouterr().out
+    assert code == 0
+    row = pd.read_csv(tmp_path / "c" / "capacity.csv").iloc[0]
+    assert row["status"] == "infeasible" and math.isnan(row["max_rate"])
+    assert row["binding"] == "p99_tpot_ms" and row["p99_tpot_ms"] > 50
+    assert math.isnan(row["cost_per_mtok_usd"]) and row["busy_fraction"] < 0.05
+    trace = pd.read_csv(tmp_path / "c" / "search.csv")
+    assert len(trace) <= 5 and not trace["passed"].any()
+    assert "infeasible: p99_tpot_ms=" in text and "found" not in text
 
 
 @pytest.mark.parametrize("slo,fragment", [

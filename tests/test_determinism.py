@@ -37,7 +37,7 @@ import yaml
 import sim
 from sim.cli.main import main
 from sim.experiments.config import expand_runs
-from sim.experiments.results import parquet_available, read_json, read_table
+from sim.experiments.results import read_json, read_table
 from sim.experiments.runner import build_requests
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,17 +154,12 @@ def test_summary_records_seed_and_version(reference):
 def test_tables_carry_version_config_hash_and_seed(reference):
     for folder in (reference / "runs").iterdir():
         for table in ("requests", "steps"):
-            if parquet_available():
-                import pyarrow.parquet as pq
+            import pyarrow.parquet as pq
 
-                meta = pq.read_schema(folder / f"{table}.parquet").metadata
-                assert meta[b"batchsim.version"].decode() == sim.__version__
-                assert meta[b"batchsim.config_hash"].decode() == folder.name
-                assert meta[b"batchsim.seed"].decode() == "7"
-            else:
-                first = (folder / f"{table}.csv").read_text().splitlines()[0]
-                assert first == (f"# version={sim.__version__} config_hash={folder.name} "
-                                 "seed=7")
+            meta = pq.read_schema(folder / f"{table}.parquet").metadata
+            assert meta[b"batchsim.version"].decode() == sim.__version__
+            assert meta[b"batchsim.config_hash"].decode() == folder.name
+            assert meta[b"batchsim.seed"].decode() == "7"
 
 
 def test_the_resolved_config_reproduces_the_run(reference, tmp_path):

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet  # noqa: F401 - write_table's lazy import, paid up front (as below)
 import pytest
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
@@ -50,7 +51,7 @@ import sim.experiments.run  # noqa: F401 - imported up front so that no example'
 import sim.report.markdown  # noqa: F401
 from sim.cli.main import main
 from sim.experiments.config import ConfigError, parse_override, set_dotted
-from sim.experiments.results import parquet_available, read_json, read_table
+from sim.experiments.results import read_json, read_table
 from sim.experiments.schema import SCHEMA
 
 #: Seconds one example may run before it counts as a hang.
@@ -59,8 +60,6 @@ LIMIT_S = 5.0
 HEADROOM_BYTES = 2 << 30
 
 SCALE = int(os.environ.get("BATCHSIM_FUZZ_SCALE", "1"))
-if parquet_available():
-    import pyarrow.parquet  # noqa: F401 - as above
 
 
 def fuzz_settings(n: int) -> settings:

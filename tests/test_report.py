@@ -64,7 +64,7 @@ def test_plots_and_report(out: Path) -> None:
     assert "Two policies at two loads." in report
     assert "| policy | rate | done |" in report
     assert report.count("\n| continuous") == 4
-    assert "continuous (max_num_seqs=4, mode=orca)" in report
+    assert "continuous(max_num_seqs=4, mode=orca)" in report  # the automatic label
     for name in pngs:
         assert f"](plots/{name})" in report
     assert "Failed" not in report

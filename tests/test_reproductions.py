@@ -29,6 +29,8 @@ def results(name: str, sweep: tuple[tuple[str, tuple], ...],
     path = EXPERIMENTS / f"{name}.yaml"
     raw = load_yaml(path)
     raw["sweep"] = {k: list(v) for k, v in sweep}
+    if raw.get("zip"):  # a key may be varied by sweep or zip, not both: the sweep's wins here
+        raw["zip"] = {k: v for k, v in raw["zip"].items() if k not in raw["sweep"]}
     _, runs = expand_runs(raw, list(overrides), source=str(path))
     out = {}
     for spec in runs:

@@ -25,7 +25,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     summary = run_experiment(args.config, overrides=args.set, out=args.out, jobs=args.jobs,
                              executor=args.executor, address=args.address,
-                             plots=False if args.no_plots else None, quiet=args.quiet)
+                             plots=False if args.no_plots else None, quiet=args.quiet,
+                             sweeps=_sweeps(args.sweep))
     cols = [c for c in ("label", "request_throughput", "p99_ttft_ms", "p99_tpot_ms",
                         "busy_fraction", "slot_utilization") if c in summary.columns]
     if len(summary) and not args.quiet:
@@ -38,6 +39,14 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{summary.attrs.get('out')}/runs/*/error.txt)", file=sys.stderr)
         return 1
     return 0
+
+
+def _sweeps(texts: list[str]) -> dict[str, list] | None:
+    """``--sweep KEY=[...]`` flags as a mapping of dotted key to values (a key given twice
+    keeps its last list, as with ``--set``)."""
+    from sim.experiments.overrides import parse_sweep
+
+    return dict(parse_sweep(t) for t in texts) or None
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -66,9 +75,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     folder = Path(args.run_dir)
     if finished_summary(folder) is None:
+        runs = folder.parent if folder.parent.name == "runs" else folder / "runs"
+        done = sorted(p.name for p in runs.glob("*") if (p / "summary.json").is_file()) \
+            if runs.is_dir() else []
+        hint = (f"; finished runs in {runs}: " + ", ".join(done[:20])
+                + (f" (and {len(done) - 20} more)" if len(done) > 20 else "")) if done else ""
         raise ConfigError(f"{folder}: not a finished run folder (expected runs/<id>/ with "
                           "summary.json and intact result tables; re-run the experiment to "
-                          "redo a damaged run)")
+                          f"redo a damaged run){hint}")
     path = export_chrome_trace(read_table(folder / "steps"), Path(args.out or
                                folder / "trace.json"), read_table(folder / "requests"))
     print(f"wrote {path} (open it in ui.perfetto.dev or chrome://tracing)")
@@ -76,7 +90,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    """``batchsim profiles``: built-in GPUs and models (and KV capacity for a pair)."""
+    """``batchsim profiles``: built-in GPUs and models; one GPU's or model's specs; the KV
+    capacity of a model on a GPU."""
     from sim.cost import profiles as hardware
 
     if args.model and args.hardware:
@@ -84,6 +99,12 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
         print(describe_capacity(args.model, args.hardware, args.tp, args.block_size,
                                 args.gpu_memory_utilization))
+        return 0
+    if args.hardware or args.model:
+        from sim.cli.inspect import describe_gpu, describe_model
+
+        print(describe_gpu(hardware.load_gpu(args.hardware)) if args.hardware
+              else describe_model(hardware.load_model(args.model)))
         return 0
     print("GPUs:   " + ", ".join(hardware.list_gpus()))
     print("Models: " + ", ".join(hardware.list_models()))
@@ -113,7 +134,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from sim.experiments.capacity import run_capacity
 
     run_capacity(args.config, slo=args.slo, attainment=args.attainment, overrides=args.set,
-                 out=args.out, tolerance=args.tolerance, jobs=args.jobs, quiet=args.quiet)
+                 out=args.out, tolerance=args.tolerance, jobs=args.jobs, quiet=args.quiet,
+                 sweeps=_sweeps(args.sweep))
     return 0
 
 
@@ -135,8 +157,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from sim.core.version import __version__
+
     p = _Parser(prog="batchsim", description="Simulate LLM serving batching "
                 "policies on a calibrated roofline cost model.")
+    p.add_argument("--version", action="version", version=f"batchsim {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
 
@@ -144,7 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config", help="experiment YAML file")
     r.add_argument("--out", help="output folder (default runs/<name>)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a dotted config key (repeatable)")
+                   help="override a dotted config key (repeatable); on a swept key it "
+                   "replaces the sweep; 'sweep.KEY=[...]' sets a sweep, 'sweep=null' drops all")
+    r.add_argument("--sweep", action="append", default=[], metavar="KEY=[V,...]",
+                   help="sweep a dotted key over values, e.g. workload.rate=[2,4] "
+                   "(repeatable; same as --set 'sweep.KEY=[...]')")
     r.add_argument("--jobs", type=int, default=1, help="parallel runs on this machine")
     r.add_argument("--executor", choices=("local", "dask"), default="local")
     r.add_argument("--address", help="Dask scheduler address (default: a local cluster)")
@@ -176,17 +205,20 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--attainment", type=float, default=None,
                      help="per-request SLO attainment goal instead of percentiles (e.g. 0.9)")
     cap.add_argument("--tolerance", type=float, default=0.05, help="relative rate tolerance")
-    cap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    cap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a dotted config key (repeatable), as for run")
+    cap.add_argument("--sweep", action="append", default=[], metavar="KEY=[V,...]",
+                     help="sweep a dotted key: one capacity search per value, as for run")
     cap.add_argument("--out", help="folder for capacity.csv and search.csv (default "
                      "runs/<name>-capacity); probe results are cached there and reused")
     cap.add_argument("--jobs", type=int, default=1, help="probes run in parallel per round")
     cap.add_argument("--quiet", action="store_true", help="print nothing but errors")
     cap.set_defaults(func=cmd_capacity)
 
-    pr = sub.add_parser("profiles", help="list built-in GPUs and models; with --model and "
-                        "--hardware, show KV capacity")
-    pr.add_argument("--model")
-    pr.add_argument("--hardware")
+    pr = sub.add_parser("profiles", help="list built-in GPUs and models; --hardware X: the "
+                        "GPU's specs; --model X: the architecture; both: KV capacity")
+    pr.add_argument("--model", help="built-in model name, model YAML or HF config.json")
+    pr.add_argument("--hardware", help="built-in GPU name or GPU profile YAML")
     pr.add_argument("--tp", type=int, default=1)
     pr.add_argument("--block-size", type=int, default=16)
     pr.add_argument("--gpu-memory-utilization", type=float, default=0.9)

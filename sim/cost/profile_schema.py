@@ -54,6 +54,7 @@ GPU_FIELDS: dict[str, Any] = {
     "peak_tflops": Key(MAP, None, "dense peak per dtype", "TFLOP/s", required=True),
     "hbm_gb": _pos("device memory", "GB", required=True),
     "hbm_tbps": _pos("memory bandwidth", "TB/s", required=True),
+    "memory_type": Key(STR + (OPT,), None, "device memory technology (HBM3, GDDR6, ...)"),
     "pcie_gbps": Key(NUM + (OPT,), None, "host link", "GB/s", 0, True, _HUGE),
     "price_per_gpu_hour_usd": _nonneg("price", "USD/h"),
     "interconnect": Key(MAP + (OPT,), None, "GPU-to-GPU link"),

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from sim.core.paths import checkout_root
+from sim.core.paths import PROFILE_SUFFIXES, checkout_root, names_a_file
 from sim.cost.profile_schema import (
     ProfileError,
     check_engine,
@@ -77,7 +77,7 @@ def profile_file(name_or_path: str | Path) -> Path | None:
     ``config.json``); ``None`` for a built-in name or a Hugging Face id."""
     text = str(name_or_path)
     path = Path(text).expanduser()
-    if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml", ".json")) or "/" in text:
+    if isinstance(name_or_path, Path) or names_a_file(text):
         return path if path.is_file() else None
     return None
 
@@ -86,10 +86,10 @@ def _read(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
     """Load the raw mapping of a profile by built-in name or file path; return it and its origin."""
     text = str(name_or_path)
     path = Path(text).expanduser()
-    if isinstance(name_or_path, Path) or text.endswith((".yaml", ".yml", ".json")) or "/" in text:
+    if isinstance(name_or_path, Path) or names_a_file(text):
         if profile_file(name_or_path) is not None:
             return read_profile_file(path), str(path)
-        if kind != "models" or path.suffix in (".yaml", ".yml", ".json"):
+        if kind != "models" or path.suffix in PROFILE_SUFFIXES:
             raise ProfileError(f"{kind[:-1]} profile file not found: {path}",
                                field=_ARGUMENT[kind])
     known = _builtin(kind)
@@ -187,6 +187,9 @@ class GpuProfile:
     calibration: Calibration
     sources: Mapping[str, str]
     origin: str = ""
+    #: Device memory technology (``HBM3``, ``GDDR6``...); ``""`` when the profile omits it.
+    #: ``hbm_gb`` / ``hbm_tbps`` hold the size and bandwidth of whichever memory it is.
+    memory_type: str = ""
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense FLOP/s of one GPU for ``dtype``; weight-only formats (or a GPU without the
@@ -238,6 +241,7 @@ def load_gpu(name_or_path: str | Path) -> GpuProfile:
                                 fit=fit),
         sources=dict(data.get("sources") or {}),
         origin=origin,
+        memory_type=str(data.get("memory_type") or ""),
     )
 
 

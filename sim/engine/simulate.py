@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -88,7 +88,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
              checks: bool = False, event_skipping: bool = True,
              wall_clock_s: float | None = None,
              max_model_len: int | None | str = "model", fast_path: bool | str = True,
-             step_table: str = "auto") -> SimResult:
+             step_table: str = "auto",
+             monitor: Callable[[Sequence[StepLog], np.ndarray], None] | None = None
+             ) -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
 
     ``requests`` may also be columnar (``TraceArrays``, what ``sim.workload.build`` builds; ids are
@@ -118,8 +120,10 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     folds the rows into fixed time buckets as the run goes (``"buckets"``:
     ``sim.metrics.stream``, memory flat in the number of steps; every summary metric still
     computed from every step), or keeps them whole up to ``AUTO_MAX_STEPS`` steps and
-    buckets beyond (``"auto"``).
-    the same results, bit for bit.
+    buckets beyond (``"auto"``). ``monitor`` is handed the step logs (one per replica on
+    the fast path, one shared otherwise) and the arrival times in order just before the run
+    starts, for a progress display that reads them from another thread: nothing is added to
+    the loops (a compiled replica's log fills when it ends).
 
     Every argument a YAML key also sets is checked by that key's rule, with its words:
     ``horizon_s``, ``wall_clock_s`` and ``max_model_len`` as ``limits.*`` (``None``, not
@@ -160,6 +164,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
             raise InputError("must all be integers on the fast path", field="requests[].id")
         cols = _arrival_order(cols)
         logs = [new_log() for _ in policies]
+        if monitor is not None:
+            monitor(logs, cols["arrival_s"])
         runs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
                           fast_path, max_model_len=limit, horizon_s=horizon_s,
                           deadline=deadline) for k in range(num_replicas)]
@@ -170,6 +176,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
             requests = requests.to_requests()
         reqs = sorted(requests, key=_ARRIVAL_ORDER)
         logs = [new_log()]
+        if monitor is not None:
+            monitor(logs, np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
         table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
                             horizon_s=horizon_s, event_skipping=event_skipping,
                             max_model_len=limit, deadline=deadline)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,7 +24,7 @@ from typing import Any, overload
 
 import pandas as pd
 
-from sim.experiments.config import expand_runs, load_yaml, policy_label, set_dotted
+from sim.experiments.config import expand_runs, load_yaml, parse_override, set_dotted
 from sim.experiments.results import read_json, write_json, write_text
 from sim.experiments.runner import build_requests, pin_inputs, run_id, simulate_config
 from sim.experiments.slo import PER_REQUEST, CapacityError, Slos, fmt_value, parse_slos
@@ -32,7 +33,12 @@ __all__ = ["CapacityError", "Slos", "parse_slos", "run_capacity"]
 
 #: Doublings (or halvings) of the configured rate tried before giving up on bracketing.
 MAX_STEPS = 12
+#: Swept keys a capacity search drops: the rate it searches over (and the trace's time scale).
+RATE_KEYS = ("workload.rate", "workload.arrival.rate", "workload.time_scale")
 SHOWN = ("request_throughput", "output_throughput")
+#: Busy fraction below which a failing probe counts as near idle and halving stops: an SLO
+#: that fails with the GPUs busy under 5% of the time fails for any useful load.
+IDLE_BUSY = 0.05
 
 
 def rate_key(workload: Any) -> str:
@@ -63,20 +69,29 @@ class Target:
         return cfg
 
 
-def find_targets(path: Path, overrides: list[str], slos: Slos) -> tuple[dict, list[Target]]:
+def find_targets(path: Path, overrides: Iterable[str] | Mapping[str, Any], slos: Slos,
+                 sweeps: Mapping[str, Any] | None = None,
+                 notify: Callable[[str], None] | None = None) -> tuple[dict, list[Target]]:
     """Expand the experiment (its rate sweep dropped) into capacity searches."""
     raw = copy.deepcopy(load_yaml(path))
     extra = [f"slos.{k}={slos.per_request.get(k, 'null')}" for k in PER_REQUEST] \
         if slos.attainment is not None else []
     for block in ("sweep", "zip"):
         if isinstance(raw.get(block), dict):
-            for key in ("workload.rate", "workload.arrival.rate", "workload.time_scale"):
+            for key in RATE_KEYS:
                 raw[block].pop(key, None)
             if not raw[block]:
                 raw.pop(block)
-    base, runs = expand_runs(raw, list(overrides) + extra, source=str(path))
+    merged: list[str] | dict[str, Any] = (
+        {**overrides, **dict(parse_override(t) for t in extra)}
+        if isinstance(overrides, Mapping) else [*overrides, *extra])
+    base, runs = expand_runs(raw, merged, source=str(path), sweeps=sweeps, notify=notify)
     targets = []
     for spec in runs:
+        searched = set(spec.swept) & set(RATE_KEYS)
+        if searched:
+            raise CapacityError(f"sweep.{min(searched)}: capacity searches over the rate "
+                                "itself; do not sweep it")
         cfg = spec.config
         key = rate_key(cfg["workload"])
         if key == "workload.rate" and cfg["workload"].get("rate") is None:
@@ -89,8 +104,7 @@ def find_targets(path: Path, overrides: list[str], slos: Slos) -> tuple[dict, li
             cfg["workload"]["rate"] = _round((len(reqs) - 1) / span)
         start = float(cfg["workload"]["rate"] if key == "workload.rate"
                       else cfg["workload"]["arrival"]["rate"])
-        label = " ".join([policy_label(cfg["policy"])] + [f"{k}={v}" for k, v in
-                                                          spec.swept.items()])
+        label = " ".join([spec.label] + [f"{k}={v}" for k, v in spec.swept.items()])
         cfg = pin_inputs(cfg, path.resolve().parent)
         targets.append(Target(label, dict(spec.swept), cfg, key, start))
     return base, targets
@@ -125,40 +139,63 @@ def _walk(rates: list[float], oks: list[bool], up: bool, lo: float | None,
     return lo, hi
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What a search found: the highest passing rate, the lowest failing rate above it, and
+    the status (``STATUSES``)."""
+
+    rate: float
+    fail_rate: float
+    status: str
+
+
+#: found: a pass and a fail bracket the answer; infeasible: the lowest rate probed fails (the
+#: SLOs fail even near idle); unbounded: the highest rate probed passes.
+STATUSES = ("found", "infeasible", "unbounded")
+
+
 def search(start: float, tolerance: float, width: int,
-           evaluate: Callable[[list[float], str], list[bool]]) -> tuple[float, str]:
-    """Highest passing rate (bracket by doubling/halving, then bisect) and a status.
+           evaluate: Callable[[list[float], str], list[bool]],
+           near_idle: Callable[[float], bool] = lambda rate: False) -> Outcome:
+    """Highest passing rate (bracket by doubling/halving, then bisect) and its status.
 
     ``evaluate(rates, phase)`` probes ``width`` rates at once and returns pass/fail for each.
-    Status: ``found``; ``at least`` (no failure up to start × 2^MAX_STEPS); ``none`` (no pass
-    down to start / 2^MAX_STEPS; the rate is NaN).
+    Halving stops at start / 2^MAX_STEPS, or as soon as a failing probe ran ``near_idle``
+    (lower rates would only show the deployment idler still): the answer is then
+    ``infeasible`` (NaN rate). Doubling stops at start × 2^MAX_STEPS (``unbounded``).
     """
-    lo = hi = None
+    lo: float | None = None
+    hi: float | None = None
     for up, e in ((True, 0), (False, 1)):  # up from the start; down only if the start failed
         while (hi is None if up else lo is None) and e <= MAX_STEPS:
+            if not up and hi is not None and near_idle(hi):
+                break  # a failure near idle: lower rates only idle the deployment more
             rates = [_round(start * 2.0 ** (k if up else -k))
                      for k in range(e, min(e + width, MAX_STEPS + 1))]
             lo, hi = _walk(rates, evaluate(rates, "bracket"), up, lo, hi)
             e += width
     if lo is None:
-        return math.nan, "none"
+        return Outcome(math.nan, math.nan if hi is None else hi, "infeasible")
     if hi is None:
-        return lo, "at least"
+        return Outcome(lo, math.nan, "unbounded")
     while hi - lo > tolerance * lo:
         rates = [_round(lo + (hi - lo) * j / (width + 1)) for j in range(1, width + 1)]
         rates = [r for r in dict.fromkeys(rates) if lo < r < hi]
         if not rates:
             break
         lo, hi = _walk(rates, evaluate(rates, "bisect"), True, lo, hi)
-    return lo, "found"
+    return Outcome(lo, hi, "found")
 
 
-def cost_per_mtok(config: dict[str, Any], output_throughput: float) -> float | None:
+def cost_per_mtok(config: dict[str, Any], output_throughput: float,
+                  base_dir: str | None = None) -> float | None:
     """USD per million output tokens: GPU price × GPUs / output tokens per hour (or None)."""
+    from sim.core.paths import resolve_from
     from sim.cost.profiles import load_gpu
 
     try:
-        price = load_gpu(config["hardware"]).price_per_gpu_hour_usd
+        hardware = resolve_from(config["hardware"], Path(base_dir) if base_dir else None)
+        price = load_gpu(hardware).price_per_gpu_hour_usd
     except (ValueError, OSError):
         return None
     par = config["parallelism"]
@@ -222,21 +259,56 @@ class _Prober:
             result.append(ok)
         return result
 
-    def row(self, t: Target, rate: float, status: str) -> dict[str, Any]:
-        """The capacity.csv row of target ``t``."""
-        s, par = self.seen.get(rate, {}), t.config["parallelism"]
+    def near_idle(self, rate: float) -> bool:
+        """True when the probe at ``rate`` kept the GPUs busy less than ``IDLE_BUSY``."""
+        busy = self.seen.get(rate, {}).get("busy_fraction")
+        return busy is not None and busy < IDLE_BUSY
+
+    def row(self, t: Target, found: Outcome) -> dict[str, Any]:
+        """The capacity.csv row of target ``t``: the metrics at the answer (at the failing
+        lowest rate when infeasible), the binding SLO and the cost (found answers only)."""
+        at = found.fail_rate if found.status == "infeasible" else found.rate
+        s, par = self.seen.get(at, {}), t.config["parallelism"]
+        fail = self.seen.get(found.fail_rate)
         return {"label": t.label, "policy": t.config["policy"].get("name"), **t.swept,
-                "rate_key": t.key, "max_rate": rate, "status": status,
+                "rate_key": t.key, "max_rate": found.rate, "status": found.status,
+                "binding": self.slos.binding(fail) if fail is not None else None,
+                "fail_rate": found.fail_rate,
                 **{c: s.get(c, math.nan) for c in list(SHOWN) + self.slos.columns()},
+                "busy_fraction": s.get("busy_fraction", math.nan),
                 "gpus": par["tp"] * par["replicas"], "hardware": t.config["hardware"],
-                "cost_per_mtok_usd": cost_per_mtok(t.config, s.get("output_throughput", 0.0))}
+                "cost_per_mtok_usd": cost_per_mtok(t.config, s.get("output_throughput", 0.0),
+                                                   self.base_dir)
+                if found.status == "found" else None}
+
+
+def verdict(row: dict[str, Any], unit: str = "req/s") -> str:
+    """One sentence on a capacity.csv row: the answer, what binds, and why there is no cost."""
+    status, label = row["status"], row["label"]
+    value = row.get(row["binding"]) if row["binding"] else None
+    binding = f"{row['binding']}={fmt_value(value)}" if isinstance(value, float) \
+        else row["binding"]
+    if status == "found":
+        return (f"{label}: found {row['max_rate']:.4g} {unit}; binding: {row['binding']} "
+                f"(fails first, at {row['fail_rate']:.4g} {unit})")
+    if status == "infeasible":
+        busy = row.get("busy_fraction")
+        idle = f", GPUs busy {busy:.1%}" if busy == busy and busy is not None else ""
+        return (f"{label}: infeasible: {binding} fails even at {row['fail_rate']:.4g} "
+                f"{unit}, the lowest rate probed{idle}; no capacity and no cost")
+    return (f"{label}: unbounded: meets the SLOs at {row['max_rate']:.4g} {unit}, the highest "
+            f"rate probed (the workload's requests do not load the deployment: raise "
+            f"workload.max_requests / num_requests); no cost")
 
 
 def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
-                 overrides: list[str] | None = None, out: str | Path | None = None,
-                 tolerance: float = 0.05, jobs: int = 1, quiet: bool = False) -> pd.DataFrame:
+                 overrides: Iterable[str] | Mapping[str, Any] | None = None,
+                 out: str | Path | None = None, tolerance: float = 0.05, jobs: int = 1,
+                 quiet: bool = False, sweeps: Mapping[str, Any] | None = None
+                 ) -> pd.DataFrame:
     """Search the capacity of every policy of ``config``; write capacity.csv and search.csv
-    into ``out`` (default ``runs/<name>-capacity``) and return the capacity table."""
+    into ``out`` (default ``runs/<name>-capacity``) and return the capacity table.
+    ``overrides`` and ``sweeps`` are those of ``sim.run_experiment``."""
     from sim.experiments.config import RunSpec
     from sim.experiments.outdir import OutputLock, output_folder
     from sim.experiments.run import preflight
@@ -247,7 +319,9 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
         raise CapacityError(f"--jobs: must be >= 1, got {jobs}")
     path = Path(config)
     slos = parse_slos(slo, attainment)
-    base, targets = find_targets(path, overrides or [], slos)
+    base, targets = find_targets(
+        path, overrides or [], slos, sweeps,
+        None if quiet else lambda text: print(f"batchsim: {text}", file=sys.stderr))
     base_dir = str(path.resolve().parent)
     preflight([RunSpec(t.at(t.start), t.swept, t.label) for t in targets], Path(base_dir),
               str(path))
@@ -271,8 +345,9 @@ def _search_all(base: dict[str, Any], targets: list[Target], folder: Path, base_
     rows = []
     try:
         for t in targets:
-            rate, status = search(t.start, tolerance, jobs, partial(prober.evaluate, t))
-            rows.append(prober.row(t, rate, status))
+            found = search(t.start, tolerance, jobs, partial(prober.evaluate, t),
+                           prober.near_idle)
+            rows.append(prober.row(t, found))
     except BaseException:
         if pool is not None:
             stop_pool(pool)
@@ -282,9 +357,12 @@ def _search_all(base: dict[str, Any], targets: list[Target], folder: Path, base_
     table = pd.DataFrame(rows)
     write_text(folder / "capacity.csv", table.to_csv(index=False))
     write_text(folder / "search.csv", pd.DataFrame(prober.trace).to_csv(index=False))
-    shown = table.drop(columns=["rate_key", "hardware", "policy"])
+    shown = table.drop(columns=["rate_key", "hardware", "policy", "fail_rate"])
     shown["cost_per_mtok_usd"] = [f"{v:.3f}" if v is not None and v == v else "n/a"
                                   for v in table["cost_per_mtok_usd"]]
     show("\n" + shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    show("")
+    for r in rows:
+        show(verdict(r))
     show(f"\nwrote {folder / 'capacity.csv'} and {folder / 'search.csv'}")
     return table

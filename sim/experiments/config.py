@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-import re
 import stat
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +19,20 @@ from typing import Any
 import yaml
 
 from sim.core.errors import InputError
-from sim.core.fields import unknown_key, validate_fields
-from sim.experiments.schema import SCHEMA, lookup
+from sim.core.fields import validate_fields
+from sim.experiments.labels import policy_labels
+from sim.experiments.overrides import (
+    ConfigError,
+    apply_overrides,
+    check_path,
+    parse_override,
+    set_dotted,
+)
+from sim.experiments.schema import SCHEMA
+from sim.experiments.yaml_strict import StrictLoader
 
-
-class ConfigError(InputError):
-    """A bad experiment config: ``str()`` is the one-line message shown to the user."""
+__all__ = ["ConfigError", "RunSpec", "expand_runs", "load_yaml", "parse_override",
+           "policy_label", "set_dotted", "validate"]
 
 
 @dataclass(frozen=True)
@@ -42,45 +50,6 @@ MAX_CONFIG_VALUES = 100_000
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 #: Most runs one experiment may expand to (policies x sweep x zip), checked before expanding.
 MAX_RUNS = 10_000
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate keys (flow or block) instead of keeping the
-    last one, supports merge keys (``<<: *defaults``; explicit keys override merged ones) and
-    reads YAML 1.2 numbers such as ``1e-3`` (YAML 1.1 wants ``1.0e-3``) as floats."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, yaml.Mark] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == _MERGE_TAG:
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.setdefault(key, key_node.start_mark)
-            except TypeError:
-                raise yaml.constructor.ConstructorError(
-                    None, None, "a mapping key must be a plain value",
-                    key_node.start_mark) from None
-            if first is not key_node.start_mark:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {first.line + 1}, "
-                    f"column {first.column + 1})", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
-# YAML 1.2 core-schema floats: an exponent needs no dot (1e-3, 2E5); ints keep their resolver.
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
-
-
-def yaml_value(text: str) -> Any:
-    """Parse one YAML value with the experiment loader's rules (``--set`` values)."""
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-
-
 def _check_shape(data: Any, path: Path) -> None:
     """Refuse non-string keys anywhere and configs too large to be hand-written."""
     budget = MAX_CONFIG_VALUES
@@ -134,7 +103,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
     """Read an experiment YAML (safe loading only, duplicate keys refused) into a mapping."""
     text = read_config_text(path)
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.reader.ReaderError as e:  # a NUL or other control character
         code = e.character if isinstance(e.character, int) else ord(e.character)
         what = "NUL" if code == 0 else f"#x{code:04x}"
@@ -164,47 +133,6 @@ def validate(data: dict[str, Any], schema: dict[str, Any] = SCHEMA,
         raise ConfigError(str(e)) from None
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``dotted.key=value``; the value is parsed as YAML (so ``4`` is a number)."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected dotted.key=value")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"--set {text!r}: empty key")
-    try:
-        value = yaml_value(raw) if raw.strip() else ""
-    except (yaml.YAMLError, ValueError, RecursionError):
-        value = raw
-    return key, value
-
-
-def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
-    """Set ``data[a][b][c] = value`` for ``path`` 'a.b.c', creating mappings as needed."""
-    parts = path.split(".")
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(parts[:i + 1])}: is not a mapping, cannot set {path}")
-        node = child
-    node[parts[-1]] = value
-
-
-def _check_path(path: str) -> None:
-    """Reject an override or sweep key that the schema cannot hold."""
-    head = path.split(".")[0]
-    if head in ("workload", "policy", "sweep", "zip"):
-        return
-    if lookup(path) is None:
-        parent = path.rsplit(".", 1)[0] if "." in path else ""
-        node = lookup(parent) if parent else SCHEMA
-        known = node if isinstance(node, dict) else {}
-        raise ConfigError(str(unknown_key(path.rsplit(".", 1)[-1], known, path)))
-
-
 def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
             source: str) -> list[dict[str, Any]]:
     """The list of swept-value dicts: Cartesian product of ``sweep`` × one zipped group."""
@@ -212,15 +140,18 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
     for key, values in (sweep or {}).items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{source}: sweep.{key}: expected a non-empty list of values")
-        _check_path(key)
+        check_path(key)
         axes.append([{key: v} for v in values])
     if zipped:
+        both = sorted(set(zipped) & set(sweep or {}))
+        if both:
+            raise ConfigError(f"{source}: {both[0]}: varied in both sweep and zip; keep one")
         lengths = {k: len(v) if isinstance(v, list) else -1 for k, v in zipped.items()}
         if min(lengths.values()) < 1 or len(set(lengths.values())) != 1:
             raise ConfigError(f"{source}: zip: every key needs a list, all of one length "
                               f"(got {lengths})")
         for key in zipped:
-            _check_path(key)
+            check_path(key)
         n = next(iter(lengths.values()))
         axes.append([{k: v[i] for k, v in zipped.items()} for i in range(n)])
     combos = []
@@ -251,17 +182,17 @@ def policy_label(spec: Any) -> str:
     return str(spec)
 
 
-def expand_runs(raw: dict[str, Any], overrides: list[str] | None = None,
-                source: str = "<config>") -> tuple[dict[str, Any], list[RunSpec]]:
-    """Apply overrides, validate, and expand sweeps and ``policies`` into runs."""
+def expand_runs(raw: dict[str, Any],
+                overrides: Iterable[str] | Mapping[str, Any] | None = None,
+                source: str = "<config>", *, sweeps: Mapping[str, Any] | None = None,
+                notify: Callable[[str], None] | None = None
+                ) -> tuple[dict[str, Any], list[RunSpec]]:
+    """Apply overrides and sweeps (``sim.experiments.overrides``' rules), validate, and expand
+    sweeps and ``policies`` into runs. ``notify`` is told each sweep an override replaced."""
     data = copy.deepcopy(raw)
-    for text in overrides or []:
-        key, value = parse_override(text)
-        try:
-            _check_path(key)
-        except ConfigError as e:
-            raise ConfigError(f"--set {e}") from None
-        set_dotted(data, key, value)
+    for note in apply_overrides(data, overrides, sweeps):
+        if notify is not None:
+            notify(note)
     try:
         base = validate(data)
     except ConfigError as e:
@@ -273,10 +204,14 @@ def expand_runs(raw: dict[str, Any], overrides: list[str] | None = None,
         raise ConfigError(f"{source}: policies: empty list; give at least one policy (or "
                           "drop the key for the default)")
     policies = policies or [base["policy"] or {"name": "continuous"}]
+    try:
+        labels = policy_labels(policies)
+    except InputError as e:
+        raise ConfigError(str(e.within(source))) from None
     sweep, zipped = base.pop("sweep"), base.pop("zip")
     _check_size(len(policies), sweep, zipped, source)
     runs: list[RunSpec] = []
-    for spec in policies:
+    for spec, label in zip(policies, labels, strict=True):
         for combo in _expand(sweep, zipped, source):
             cfg = copy.deepcopy(base)
             cfg["policy"] = copy.deepcopy(spec) if isinstance(spec, dict) else {"name": spec}
@@ -289,5 +224,5 @@ def expand_runs(raw: dict[str, Any], overrides: list[str] | None = None,
             cfg.pop("sweep", None)
             cfg.pop("zip", None)
             cfg.pop("policies", None)
-            runs.append(RunSpec(cfg, combo, policy_label(cfg["policy"])))
+            runs.append(RunSpec(cfg, combo, label))
     return base, runs

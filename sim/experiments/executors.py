@@ -53,10 +53,13 @@ def run_id_of(args: RunArgs) -> str:
     return Path(args[2]).name
 
 
-def run_serial(args: list[RunArgs], on_done: OnDone) -> None:
-    """Run each in this process, in order."""
+def run_serial(args: list[RunArgs], on_done: OnDone,
+               labels: dict[str, str] | None = None) -> None:
+    """Run each in this process, in order; ``labels``: the progress-bar label of each run id
+    (a bar inside each run, shown only where the console has one)."""
     for a in args:
-        on_done(run_id_of(a), execute_run(*a))
+        rid = run_id_of(a)
+        on_done(rid, execute_run(*a, progress=(labels or {}).get(rid)))
 
 
 def run_pool(args: list[RunArgs], jobs: int, on_done: OnDone) -> None:

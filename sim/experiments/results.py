@@ -1,11 +1,12 @@
-"""Writing and reading a run's files safely: atomic writes, Parquet when available, else CSV.
+"""Writing and reading a run's files safely: atomic writes; tables in Parquet.
 
 Layout of an experiment output folder::
 
     OUT/experiment.yaml          the experiment as loaded (sweep included)
     OUT/summary.csv              one row per finished run: run_id, label, swept keys, metrics
     OUT/runs/<run_id>/config.yaml    the resolved config of that run (run_id = its hash)
-    OUT/runs/<run_id>/requests.parquet|csv, steps.parquet|csv, itl_irregular.npy
+    OUT/runs/<run_id>/requests.parquet, steps.parquet, itl_irregular.npy (older folders:
+                                 requests.csv, steps.csv, which are still read)
     OUT/runs/<run_id>/summary.json   written last: its presence marks the run finished
     OUT/runs/<run_id>/error.txt      a failed run's error (the sweep goes on)
     OUT/plots/*.png, OUT/report.md
@@ -95,38 +96,22 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
-def parquet_available() -> bool:
-    """True when pyarrow can write Parquet files."""
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def write_table(stem: Path, df: pd.DataFrame, metadata: dict[str, str]) -> Path:
-    """Write ``df`` as ``stem.parquet`` (with ``metadata``) or ``stem.csv`` (metadata as a
-    leading ``#`` comment line); return the path written."""
-    if parquet_available():
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    """Write ``df`` as ``stem.parquet``, ``metadata`` in the file's schema metadata under
+    ``batchsim.<key>``; return the path written.
 
-        table = pa.Table.from_pandas(df, preserve_index=False)
-        meta = {**(table.schema.metadata or {}),
-                **{f"batchsim.{k}".encode(): str(v).encode() for k, v in metadata.items()}}
-        table = table.replace_schema_metadata(meta)
-        path = stem.with_suffix(".parquet")
-        atomic_write(path, lambda p: pq.write_table(table, p))
-        return path
-    path = stem.with_suffix(".csv")
-    header = "# " + " ".join(f"{k}={v}" for k, v in metadata.items()) + "\n"
+    Always Parquet (pyarrow is a dependency): the same command writes the same files whatever
+    else is installed, and a million-row table stays small and exact (float64 round trips).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    def write(p: Path) -> None:
-        with p.open("w", encoding="utf-8", newline="") as fh:
-            fh.write(header)
-            df.to_csv(fh, index=False)
-
-    atomic_write(path, write)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = {**(table.schema.metadata or {}),
+            **{f"batchsim.{k}".encode(): str(v).encode() for k, v in metadata.items()}}
+    table = table.replace_schema_metadata(meta)
+    path = stem.with_suffix(".parquet")
+    atomic_write(path, lambda p: pq.write_table(table, p))
     return path
 
 

@@ -8,7 +8,8 @@ cluster (``executor="dask"``) — the same function either way, so results are i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,7 +66,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
         try:
             make_policy(cfg["policy"])
             try:
-                cost = build_cost(cfg)
+                cost = build_cost(cfg, base_dir)
             except InputError as e:
                 # A profile error names a model or GPU, not a key: say which keys it came from.
                 if e.field is None:
@@ -86,7 +87,10 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
 
 
 def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, jobs: int,
-             executor: str, address: str | None, on_done: Callable[[str, dict], None]) -> None:
+             executor: str, address: str | None, on_done: Callable[[str, dict], None],
+             labels: dict[str, str] | None = None) -> None:
+    """Run ``todo`` serially, on a process pool or on Dask; ``labels`` (serial runs only):
+    the progress label of each run id, for a bar inside each run."""
     args = [(cfg, str(base_dir), str(out / "runs" / rid)) for rid, cfg in todo]
     if executor == "dask":
         from sim.experiments.dask_executor import run_on_dask
@@ -94,7 +98,7 @@ def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, 
         for rid, result in run_on_dask(args, address):
             on_done(rid, result)
     elif jobs <= 1 or len(args) <= 1:
-        run_serial(args, on_done)
+        run_serial(args, on_done, labels)
     else:
         run_pool(args, jobs, on_done)
 
@@ -143,35 +147,63 @@ def seed_aggregate(summary: pd.DataFrame) -> pd.DataFrame | None:
     return mean.join(half.add_suffix("_ci95")).reset_index()
 
 
-def run_experiment(path: str | Path, overrides: list[str] | None = None,
+def _run_labels(runs: list[RunSpec], todo: list[tuple[str, dict[str, Any]]]
+                ) -> dict[str, str]:
+    """``[i/n] label key=value`` of each run to do, for its progress bar."""
+    names = {run_id(s.config): " ".join([s.label, *(f"{k}={v}" for k, v in s.swept.items())])
+             for s in runs}
+    return {rid: f"[{i}/{len(todo)}] {names.get(rid, rid)}" for i, (rid, _) in
+            enumerate(todo, 1)}
+
+
+def _note(text: str) -> None:
+    """One line on stderr (an override that replaced a sweep)."""
+    print(f"batchsim: {text}", file=sys.stderr)
+
+
+def _plain_overrides(overrides: Iterable[str] | Mapping[str, Any] | None) -> Any:
+    """The overrides as recorded in ``experiment.yaml`` (a list of strings or a mapping)."""
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    return list(overrides or [])
+
+
+def run_experiment(path: str | Path,
+                   overrides: Iterable[str] | Mapping[str, Any] | None = None,
                    out: str | Path | None = None, jobs: int = 1, executor: str = "local",
                    address: str | None = None, plots: bool | None = None,
-                   quiet: bool = False, report: ReportWriter | None = None) -> pd.DataFrame:
+                   quiet: bool = False, report: ReportWriter | None = None, *,
+                   sweeps: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Run (or resume) the experiment at ``path``; return its summary table.
 
-    ``report`` draws the plots and ``report.md`` once the runs are done (the report layer sits
-    above this one, so the caller hands it in; ``sim.run_experiment`` always does).
+    ``overrides`` and ``sweeps`` follow ``sim.experiments.overrides``' rules (a note on stderr
+    says when an override replaces a sweep, unless ``quiet``). ``report`` draws the plots and
+    ``report.md`` once the runs are done (the report layer sits above this one, so the caller
+    hands it in; ``sim.run_experiment`` always does).
     """
     path = Path(path)
     raw = load_yaml(path)
-    base, runs = expand_runs(raw, overrides, source=str(path))
+    base, runs = expand_runs(raw, overrides, source=str(path), sweeps=sweeps,
+                             notify=None if quiet else _note)
     base_dir = path.resolve().parent
     preflight(runs, base_dir, str(path))
     runs = [RunSpec(pin_inputs(s.config, base_dir), s.swept, s.label) for s in runs]
     folder = output_folder(out, base["name"], str(path))
     with OutputLock(folder):
-        return _run_locked(path, raw, overrides, base, runs, base_dir, folder, jobs, executor,
-                           address, plots, quiet, report)
+        return _run_locked(path, raw, overrides, sweeps, base, runs, base_dir, folder, jobs,
+                           executor, address, plots, quiet, report)
 
 
-def _run_locked(path: Path, raw: dict[str, Any], overrides: list[str] | None,
-                base: dict[str, Any], runs: list[RunSpec], base_dir: Path, out: Path, jobs: int,
-                executor: str, address: str | None, plots: bool | None, quiet: bool,
-                report: ReportWriter | None) -> pd.DataFrame:
+def _run_locked(path: Path, raw: dict[str, Any],
+                overrides: Iterable[str] | Mapping[str, Any] | None,
+                sweeps: Mapping[str, Any] | None, base: dict[str, Any], runs: list[RunSpec],
+                base_dir: Path, out: Path, jobs: int, executor: str, address: str | None,
+                plots: bool | None, quiet: bool, report: ReportWriter | None) -> pd.DataFrame:
     """``run_experiment`` once the output folder is checked and locked."""
     clean_temp_files(out)
     write_text(out / "experiment.yaml", yaml.safe_dump(
-        {"source": str(path), "overrides": overrides or [], "experiment": raw},
+        {"source": str(path), "overrides": _plain_overrides(overrides),
+         **({"sweeps": dict(sweeps)} if sweeps else {}), "experiment": raw},
         sort_keys=False))
     todo: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
@@ -203,7 +235,8 @@ def _run_locked(path: Path, raw: dict[str, Any], overrides: list[str] | None,
             general[why] = general.get(why, 0) + 1
 
     try:
-        _execute(todo, base_dir, out, jobs, executor, address, on_done)
+        _execute(todo, base_dir, out, jobs, executor, address, on_done,
+                 _run_labels(runs, todo) if progress.bar else None)
     except BaseException:
         progress.close()
         clean_temp_files(out)

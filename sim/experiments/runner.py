@@ -9,6 +9,7 @@ import hashlib
 import json
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ import numpy as np
 import yaml
 
 from sim.core.errors import InputError, environment_failure
+from sim.core.paths import resolve_from
 from sim.core.types import Request
 from sim.core.version import __version__
 from sim.cost.base import ConstantCost, CostModel, LinearCost
 from sim.engine.simulate import SimResult, simulate
 from sim.experiments.results import atomic_write, write_json, write_table, write_text
+from sim.experiments.run_progress import RunProgress
 
 
 def run_id(config: dict[str, Any]) -> str:
@@ -71,7 +74,8 @@ def input_files(config: dict[str, Any], base_dir: Path | None) -> dict[str, Path
             stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
     if config.get("cost", {}).get("kind") == "roofline":
         for key in ("model", "hardware", "engine"):
-            path = profile_file(config[key]) if isinstance(config.get(key), str) else None
+            value = config.get(key)
+            path = profile_file(resolve_from(value, base_dir)) if isinstance(value, str) else None
             if path is not None:
                 found[key] = path
     return found
@@ -86,8 +90,9 @@ def pin_inputs(config: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
     return {**config, "inputs": {k: file_digest(p) for k, p in sorted(files.items())}}
 
 
-def build_cost(config: dict[str, Any]) -> CostModel:
-    """The cost model a run config asks for."""
+def build_cost(config: dict[str, Any], base_dir: Path | None = None) -> CostModel:
+    """The cost model a run config asks for; relative profile paths (``model``, ``hardware``,
+    ``engine``) resolve from ``base_dir``, the experiment file's folder."""
     c = config["cost"]
     if c["kind"] == "constant":
         if c["step_s"] is None:
@@ -98,8 +103,10 @@ def build_cost(config: dict[str, Any]) -> CostModel:
                           per_seq_s=c["per_seq_s"])
     from sim.cost.roofline import build_cost_model
 
-    return build_cost_model(model=config["model"], hardware=config["hardware"],
-                            tp=config["parallelism"]["tp"], engine=config["engine"],
+    return build_cost_model(model=resolve_from(config["model"], base_dir),
+                            hardware=resolve_from(config["hardware"], base_dir),
+                            tp=config["parallelism"]["tp"],
+                            engine=resolve_from(config["engine"], base_dir),
                             weight_dtype=c["weight_dtype"], kv_dtype=c["kv_dtype"])
 
 
@@ -126,11 +133,13 @@ def build_requests(config: dict[str, Any], base_dir: Path | None) -> list[Reques
 
 
 def simulate_config(config: dict[str, Any], base_dir: Path | None,
-                    requests: list[Request] | None = None) -> SimResult:
-    """Simulate one resolved run config and return its result."""
+                    requests: list[Request] | None = None,
+                    monitor: Callable[..., None] | None = None) -> SimResult:
+    """Simulate one resolved run config and return its result (``monitor``: see
+    ``simulate``)."""
     if requests is None:
         requests = build_requests(config, base_dir)
-    cost = build_cost(config)
+    cost = build_cost(config, base_dir)
     slos = {k: v for k, v in config["slos"].items() if v is not None}
     return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
                         seed=config["seed"], num_replicas=config["parallelism"]["replicas"],
@@ -139,11 +148,16 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
                         step_table=config["metrics"]["step_table"],
                         horizon_s=config["limits"]["horizon_s"],
                         wall_clock_s=config["limits"]["wall_clock_s"],
-                        max_model_len=config["limits"]["max_model_len"] or "model")
+                        max_model_len=config["limits"]["max_model_len"] or "model",
+                        monitor=monitor)
 
 
-def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str) -> dict[str, Any]:
+def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
+                progress: str | None = None) -> dict[str, Any]:
     """Run one config into ``run_dir``; return its summary (or ``{"error": ...}``).
+
+    ``progress``: a label to show a progress bar under while the run goes (on a terminal
+    only; ``sim.experiments.run_progress``).
 
     Files are written atomically and ``summary.json`` last, so a folder without it is an
     unfinished run that a resume will redo.
@@ -157,7 +171,11 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str) -> d
     (folder / "error.txt").unlink(missing_ok=True)
     t0 = time.perf_counter()
     try:
-        res = simulate_config(config, Path(base_dir) if base_dir else None)
+        with RunProgress(progress or "", enabled=None if progress else False) as bar:
+            folder_in = Path(base_dir) if base_dir else None
+            # the monitor only when a bar is drawn: a plain run calls simulate_config as before
+            res = (simulate_config(config, folder_in, monitor=bar.attach) if bar.enabled
+                   else simulate_config(config, folder_in))
     except Exception as e:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
         if environment_failure(e) is not None:
             raise  # out of memory, a full disk: the machine's problem, it stops the sweep

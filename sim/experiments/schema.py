@@ -52,8 +52,9 @@ SCHEMA: dict[str, Any] = {
                           "way.", choices=("auto", "full", "buckets")),
     },
     "limits": LIMIT_FIELDS,
-    "sweep": Key(MAP, None, "dotted.key: [values] — Cartesian product of runs."),
-    "zip": Key(MAP, None, "dotted.key: [values] — lists of equal length varied together."),
+    "sweep": Key(MAP + (OPT,), None, "dotted.key: [values] — Cartesian product of runs."),
+    "zip": Key(MAP + (OPT,), None, "dotted.key: [values] — lists of equal length varied "
+               "together."),
     "output": {
         "plots": Key((bool,), True, "Draw the PNG plots."),
         "load_key": Key(STR + (OPT,), None, "Swept key used as the x axis of load plots "

@@ -65,6 +65,24 @@ class Slos:
         return not why, "; ".join(why)
 
 
+    def binding(self, s: dict[str, Any]) -> str | None:
+        """The SLO that a failing probe misses worst (largest value / limit), ``stability``
+        when only its stability fails, ``None`` when it passes."""
+        def value(col: str) -> float:
+            v = s.get(col)
+            return math.nan if v is None else float(v)
+
+        ratios = {col: value(col) / limit for col, limit in self.percentiles.items()}
+        if self.attainment is not None:
+            a = value("slo_attainment")
+            ratios["slo_attainment"] = self.attainment / a if a > 0 else math.inf
+        failing = {c: r for c, r in ratios.items() if not r <= 1}
+        if failing:  # NaN (no value) ranks as the worst
+            return max(failing, key=lambda c: math.inf if failing[c] != failing[c]
+                       else failing[c])
+        return None if self.check(s)[0] else "stability"
+
+
 def parse_slos(text: str, attainment: float | None = None) -> Slos:
     """Parse ``--slo`` (``ttft_p99_ms=2000,tpot_p99_ms=100``; ``ttft_ms=...`` needs
     ``attainment``) into :class:`Slos`."""

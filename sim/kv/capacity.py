@@ -35,6 +35,8 @@ class KVCapacity:
     activation_reserve_bytes: float
     kv_bytes_per_token_per_gpu: float
     num_blocks: int
+    #: Device memory technology (``HBM3``, ``GDDR6``...; ``""`` when the profile omits it).
+    memory_type: str = ""
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -70,18 +72,19 @@ def kv_capacity(model: str, hardware: str, tp: int = 1, block_size: int = 16,
     return KVCapacity(cost.model.name, cost.gpu.name, tp, block_size, gpu_memory_utilization,
                       cost.gpu.hbm_bytes, cost.weight_bytes_per_gpu,
                       activation_reserve_gb * 1e9, cost.kv_bytes_per_token,
-                      tokens // block_size)
+                      tokens // block_size, cost.gpu.memory_type)
 
 
 def describe_capacity(model: str, hardware: str, tp: int = 1, block_size: int = 16,
                       gpu_memory_utilization: float = 0.9) -> str:
     """A short text report of ``kv_capacity`` (what ``batchsim profiles`` prints)."""
     c = kv_capacity(model, hardware, tp, block_size, gpu_memory_utilization)
+    memory = f" {c.memory_type}" if c.memory_type else ""
     gb = 1e9
     kv_gb = c.max_tokens * c.kv_bytes_per_token_per_gpu / gb
     lines = [
         f"{c.model} on {tp} x {c.hardware} (gpu_memory_utilization {gpu_memory_utilization:g})",
-        f"HBM per GPU             {c.hbm_bytes_per_gpu / gb:8.2f} GB "
+        f"memory per GPU          {c.hbm_bytes_per_gpu / gb:8.2f} GB{memory} "
         f"(usable {c.hbm_bytes_per_gpu * gpu_memory_utilization / gb:.2f} GB)",
         f"weights per GPU         {c.weight_bytes_per_gpu / gb:8.2f} GB",
         f"activation reserve      {c.activation_reserve_bytes / gb:8.2f} GB per GPU",

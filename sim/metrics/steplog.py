@@ -157,6 +157,30 @@ class StepLog:
     def __len__(self) -> int:
         return len(self.cols["bound"])
 
+    def latest(self, names: tuple[str, ...] = ("start_s", "duration_s", "num_waiting",
+                                                "num_seqs")) -> tuple[float, ...] | None:
+        """The last step's values of ``names`` (``None`` before the first step), whatever the
+        layout. Safe to call from another thread while a run appends (a progress display
+        reads it): it only reads the last complete row."""
+        n = len(self)
+        if not n:
+            return None
+        out = []
+        for name in names:
+            for packed_names, packed in ((self.packed_int_columns, self.packed_ints),
+                                         (self.packed_float_columns, self.packed_floats)):
+                if name in packed_names:
+                    width = len(packed_names)
+                    rows = len(packed) // width  # complete rows only
+                    out.append(float(packed[(rows - 1) * width + packed_names.index(name)])
+                               if rows else 0.0)
+                    break
+            else:
+                col = self.cols[name]
+                out.append(float(col[min(n, len(col)) - 1]) if len(col) and
+                           name not in self.zero_columns else 0.0)
+        return tuple(out)
+
     def fold(self) -> None:
         """Hand the rows gathered so far to ``stream`` and start afresh."""
         assert self.stream is not None

@@ -230,7 +230,10 @@ def _spec_from_folder(out: Path, row: pd.Series, swept_cols: list[str]) -> RunSp
     if not path.exists():
         return None
     cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return RunSpec(cfg, {c: row[c] for c in swept_cols}, policy_label(cfg.get("policy")))
+    # the label summary.csv recorded (automatic labels depend on the whole experiment)
+    label = row.get("label")
+    return RunSpec(cfg, {c: row[c] for c in swept_cols},
+                   str(label) if isinstance(label, str) else policy_label(cfg.get("policy")))
 
 
 def regenerate(out: Path) -> None:

@@ -1,0 +1,68 @@
+"""Policy labels: the names runs are shown under, unique within one experiment.
+
+A policy's ``label:`` is used as written. Without one, the label is the policy's name, and
+where several policies of an experiment share that name, the name followed by the parameters
+that tell them apart (``chunked_prefill(token_budget=512)``), in the order first written. Two
+policies that still read alike (the same parameters, or an automatic label equal to a
+written one) are numbered (``continuous #2``); two equal written labels are an error, since
+every table, plot and console line keys on the label.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from sim.core.errors import InputError
+
+#: Keys of a policy spec that are not parameters.
+NOT_PARAMS = ("name", "label")
+
+
+def _fmt(value: Any) -> str:
+    """A parameter value as short text (YAML flow style for lists and mappings)."""
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return str(value)
+
+
+def _spec(spec: Any) -> dict[str, Any]:
+    return spec if isinstance(spec, dict) else {"name": spec}
+
+
+def policy_labels(specs: list[Any]) -> list[str]:
+    """The label of each policy spec of ``specs`` (``policies:`` entries, in order)."""
+    dicts = [_spec(s) for s in specs]
+    written = [d.get("label") for d in dicts]
+    seen_written: dict[str, int] = {}
+    for i, label in enumerate(written):
+        if label is None:
+            continue
+        if str(label) in seen_written:
+            raise InputError(f"label {label!r} is used by policies[{seen_written[str(label)]}] "
+                             "too; labels name the rows of every table, so they must differ",
+                             field=f"policies[{i}].label")
+        seen_written[str(label)] = i
+    labels: list[str] = []
+    for d, label in zip(dicts, written, strict=True):
+        if label is not None:
+            labels.append(str(label))
+            continue
+        name = str(d.get("name", "?"))
+        group = [e for e, w in zip(dicts, written, strict=True)
+                 if w is None and str(e.get("name", "?")) == name]
+        keys = list(dict.fromkeys(k for e in group for k in e if k not in NOT_PARAMS))
+        differ = [k for k in keys
+                  if len({_fmt(e[k]) if k in e else None for e in group}) > 1 and k in d]
+        labels.append(f"{name}({', '.join(f'{k}={_fmt(d[k])}' for k in differ)})" if differ
+                      else name)
+    taken = set(seen_written)
+    out: list[str] = []
+    for label, w in zip(labels, written, strict=True):
+        if w is None and (label in taken or label in out):
+            n = 2
+            while f"{label} #{n}" in taken or f"{label} #{n}" in out:
+                n += 1
+            label = f"{label} #{n}"
+        out.append(label)
+    return out

@@ -1,0 +1,185 @@
+"""Command-line and API overrides of an experiment: ``--set``, ``--sweep`` and their rules.
+
+One set of rules, applied in order to the raw YAML mapping before validation, whoever calls:
+
+- ``KEY=VALUE`` sets a dotted key. When ``KEY`` (or a key below it) is swept in ``sweep:`` or
+  ``zip:``, that sweep is dropped, so the one value given is what runs, and a note says so: a
+  user who writes ``--set workload.rate=6`` wants rate 6, not the YAML's rates.
+- ``sweep.KEY=[...]`` (or ``zip.KEY=[...]``) sets the sweep of one dotted key; ``null``
+  removes it. ``sweep=null`` (``zip=null``) removes the whole block.
+- ``sweeps`` (``--sweep KEY=[...]``, ``run_experiment(sweeps={KEY: [...]})``) is the same as
+  ``sweep.KEY=[...]``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+from sim.core.errors import InputError
+from sim.core.fields import unknown_key
+from sim.experiments.schema import SCHEMA, lookup
+from sim.experiments.yaml_strict import yaml_value
+
+#: The blocks whose entries are swept dotted keys.
+SWEEP_BLOCKS = ("sweep", "zip")
+
+
+class ConfigError(InputError):
+    """A bad experiment config or override: ``str()`` is the one-line message shown."""
+
+
+def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``data[a][b][c] = value`` for ``path`` 'a.b.c', creating mappings as needed."""
+    parts = path.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[:i + 1])}: is not a mapping, cannot set {path}")
+        node = child
+    node[parts[-1]] = value
+
+
+def check_path(path: str) -> None:
+    """Reject an override or sweep key that the schema cannot hold."""
+    head = path.split(".")[0]
+    if head in ("workload", "policy", "sweep", "zip"):
+        return  # validated by their own modules once set
+    if lookup(path) is None:
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        node = lookup(parent) if parent else SCHEMA
+        known = node if isinstance(node, dict) else {}
+        raise ConfigError(str(unknown_key(path.rsplit(".", 1)[-1], known, path)))
+
+
+def parse_value(raw: str) -> Any:
+    """A command-line value parsed as the experiment YAML parses it (so ``4`` is a number,
+    ``1e-3`` a float and ``[1, 2]`` a list); text that is no YAML value stays text."""
+    if not raw.strip():
+        return ""
+    try:
+        return yaml_value(raw)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return raw
+
+
+def parse_override(text: str, flag: str = "--set") -> tuple[str, Any]:
+    """Split ``dotted.key=value``; the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"{flag} {text!r}: expected dotted.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"{flag} {text!r}: empty key")
+    return key, parse_value(raw)
+
+
+def parse_sweep(text: str) -> tuple[str, list[Any]]:
+    """``--sweep KEY=[a, b]`` (or ``KEY=a,b``) as ``(KEY, [a, b])``."""
+    key, raw = text.split("=", 1) if "=" in text else (text, "")
+    raw = raw.strip()
+    values = parse_value(raw if raw.startswith("[") else f"[{raw}]")
+    if not key.strip() or not isinstance(values, list) or not values:
+        raise ConfigError(f"--sweep {text!r}: expected dotted.key=[value, ...] "
+                            "(or dotted.key=a,b,c)")
+    return key.strip(), values
+
+
+def _show(value: Any) -> str:
+    """A value as YAML flow text, for notes."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix(
+        "\n...").strip()
+
+
+def _block(data: dict[str, Any], name: str, create: bool = False) -> dict[str, Any] | None:
+    """``data[name]`` when it is a mapping (made when ``create``), else ``None``."""
+    node = data.get(name)
+    if node is None and create:
+        node = data[name] = {}
+    if node is not None and not isinstance(node, dict):
+        raise ConfigError(f"{name}: expected a mapping of dotted.key: [values], cannot "
+                            f"set an entry of it")
+    return node
+
+
+def _drop_empty(data: dict[str, Any], name: str) -> None:
+    if data.get(name) == {}:
+        data.pop(name)
+
+
+def apply_override(data: dict[str, Any], key: str, value: Any, text: str,
+                   notes: list[str]) -> None:
+    """Apply one ``key=value`` to the raw config ``data`` by the module's rules.
+
+    ``text`` is how the user wrote it (for messages); notes about replaced sweeps are appended
+    to ``notes``.
+    """
+    head, _, rest = key.partition(".")
+    if head in SWEEP_BLOCKS and not rest:  # the whole block
+        if value is None:
+            data.pop(head, None)
+        else:
+            data[head] = value
+        return
+    if head in SWEEP_BLOCKS:  # one swept key: sweep.workload.rate=[...]
+        check_path(rest)
+        if value is None:
+            block = _block(data, head)
+            if block is not None:
+                block.pop(rest, None)
+                _drop_empty(data, head)
+            return
+        other = _block(data, SWEEP_BLOCKS[1 - SWEEP_BLOCKS.index(head)])
+        if other is not None and rest in other:
+            raise ConfigError(f"{text}: {rest} is already varied in "
+                                f"{SWEEP_BLOCKS[1 - SWEEP_BLOCKS.index(head)]}: ; "
+                                f"set it there or remove it first")
+        block = _block(data, head, create=True)
+        assert block is not None
+        block[rest] = value
+        return
+    try:
+        check_path(key)
+    except ConfigError as e:
+        raise ConfigError(f"--set {e}") from None
+    for name in SWEEP_BLOCKS:
+        block = _block(data, name)
+        for swept in list(block or {}):
+            if key.startswith(swept + "."):
+                raise ConfigError(f"{text}: {swept} is swept; set the sweep instead "
+                                    f"(--set '{name}.{swept}=[...]')")
+            if swept == key or swept.startswith(key + "."):
+                values = block.pop(swept)  # type: ignore[union-attr]
+                notes.append(f"{text} replaces the sweep of {swept} ({name}: {_show(values)})")
+        _drop_empty(data, name)
+    set_dotted(data, key, value)
+
+
+def apply_overrides(data: dict[str, Any],
+                    overrides: Iterable[str] | Mapping[str, Any] | None,
+                    sweeps: Mapping[str, Any] | None = None) -> list[str]:
+    """Apply ``overrides`` (``--set`` strings, or a mapping of dotted key → value) and then
+    ``sweeps`` (dotted key → list of values, or ``None`` to remove that sweep) to ``data`` in
+    place; return the notes to show the user."""
+    notes: list[str] = []
+    if isinstance(overrides, Mapping):
+        items = [(str(k), v, f"--set {k}={_show(v)}") for k, v in overrides.items()]
+    elif isinstance(overrides, str):
+        raise ConfigError(f"overrides: expected a list of 'dotted.key=value' strings, got "
+                            f"the string {overrides!r}")
+    else:
+        items = [(*parse_override(t), f"--set {t}") for t in overrides or []]
+    if sweeps is not None and not isinstance(sweeps, Mapping):
+        raise ConfigError("sweeps: expected a mapping of dotted.key: [values]")
+    for key, values in (sweeps or {}).items():
+        if values is not None and (not isinstance(values, list) or not values):
+            raise ConfigError(f"--sweep {key}: expected a non-empty list of values, got "
+                                f"{_show(values)}")
+        items.append((f"sweep.{key}", values, f"--sweep {key}={_show(values)}"))
+    for key, value, text in items:
+        apply_override(data, key, value, text, notes)
+    return notes
