@@ -168,4 +168,25 @@ def test_mathtext_labels_are_drawn_as_typed(tmp_path: Path) -> None:
                    for r in (1.0, 2.0)])
     ctx = _ctx(df, "workload.rate", is_rate=True, slos={"ttft_ms": 100.0})
     written = draw_plots(ctx, tmp_path)  # the per-run figures find no runs and are skipped
-    assert {c.kind for c, _ in written} == {"latency", "frontier", "utilization", "cdf"}
+    assert {c.kind for c, _ in written} == {"latency", "frontier", "utilization"}
+
+
+def test_error_bars_from_seeds_else_lo_hi_columns() -> None:
+    from sim.report.context import error_bars
+
+    mean = pd.DataFrame({"x": [1.0, 2.0], "p99_ttft_ms": [10.0, 20.0],
+                         "p99_ttft_ms_lo": [8.0, 15.0], "p99_ttft_ms_hi": [13.0, 21.0]})
+    none = pd.DataFrame({"x": [1.0, 2.0], "p99_ttft_ms": [np.nan, np.nan]})
+    bars = error_bars(mean, none, "p99_ttft_ms")
+    assert bars is not None and bars.tolist() == [[2.0, 5.0], [3.0, 1.0]]
+    seeds = pd.DataFrame({"x": [1.0, 2.0], "p99_ttft_ms": [0.5, 1.5]})
+    bars = error_bars(mean, seeds, "p99_ttft_ms")
+    assert bars is not None and bars.tolist() == [[0.5, 1.5], [0.5, 1.5]]
+    assert error_bars(mean.drop(columns=["p99_ttft_ms_lo"]), none, "p99_ttft_ms") is None
+
+
+def test_seed_sweep_bars_draw(tmp_path: Path) -> None:
+    df = _summary([{"series": s, "seed": k, "p99_ttft_ms": 10.0 + k, "busy_fraction": 0.5}
+                   for s in "ab" for k in range(3)])
+    written = draw_plots(_ctx(df, None), tmp_path)
+    assert [p.name for _, p in written] == ["latency.png", "utilization.png"]

@@ -132,11 +132,13 @@ def render_html(base: dict[str, Any], ctx: ReportContext, charts: list[Chart]) -
     plots = (f"<h2>Charts</h2><p class=setup>Hover for values; click a legend entry to hide "
              f"or show a series, double-click to show it alone.</p>{charts_html(ctx, charts)}"
              if charts else "")
+    # plotly.js inlined (about 4.6 MB) only when there are charts: no network needed to view
+    plotly = f'<script type="text/javascript">{get_plotlyjs()}</script>' if charts else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{name} · batchsim report</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{STYLE}</style>
-<script type="text/javascript">{get_plotlyjs()}</script></head>
+{plotly}</head>
 <body><h1>{name}</h1>{desc}
 <p class="setup">{setup}</p>
 <h2>Headline</h2><p>{esc(headline_intro(ctx))}</p><ul id="headline">{heads}</ul>

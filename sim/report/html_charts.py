@@ -131,8 +131,8 @@ def frontier(ctx: ReportContext) -> go.Figure:
     return fig
 
 
-def cdf(ctx: ReportContext) -> go.Figure:
-    """Latency CDFs at the common point on log x axes."""
+def cdf(ctx: ReportContext) -> go.Figure | None:
+    """Latency CDFs at the common point on log x axes (``None`` when no run can be read)."""
     fig = make_subplots(1, 4, subplot_titles=[f"{n} CDF" for _, n, _ in CDF_METRICS])
     for _, row in ctx.run_rows().iterrows():
         samples = latency_samples(ctx.runs_dir / str(row["run_id"]))
@@ -147,6 +147,8 @@ def cdf(ctx: ReportContext) -> go.Figure:
                 name=safe(name), legendgroup=safe(name), showlegend=j == 0,
                 hovertemplate=f"{safe(name)}<br>%{{y:.1%}} ≤ %{{x:.4g}} ms<extra></extra>"),
                 row=1, col=j + 1)
+    if not fig.data:
+        return None
     for j, (key, _, _) in enumerate(CDF_METRICS):
         _slo(fig, ctx, key, j + 1, vertical=True)
     fig.update_xaxes(type="log", title_text="ms (log)")

@@ -22,8 +22,9 @@ def _minor_label(value: float, _: object) -> str:
     return f"{value:g}" if mantissa in (2, 5) else ""
 
 
-def plot_latency_cdf(ctx: ReportContext, path: Path) -> Path:
-    """CDFs of TTFT, TPOT, ITL and E2E per series at the common point, on log x axes."""
+def plot_latency_cdf(ctx: ReportContext, path: Path) -> Path | None:
+    """CDFs of TTFT, TPOT, ITL and E2E per series at the common point, on log x axes;
+    ``None`` (nothing written) when no run's tables can be read."""
     fig, axes = new_figure(4, width=3.6)
     for _, row in ctx.run_rows().iterrows():
         samples = latency_samples(ctx.runs_dir / str(row["run_id"]))
@@ -34,6 +35,8 @@ def plot_latency_cdf(ctx: ReportContext, path: Path) -> Path:
             if v.size:
                 ax.step(v, p, where="post", color=color(ctx.series.index(row["series"])),
                         label=row["series"])
+    if not any(ax.has_data() for ax in axes):
+        return None
     for ax, (key, name, _) in zip(axes, CDF_METRICS, strict=True):
         if ax.has_data():
             ax.set_xscale("log")
