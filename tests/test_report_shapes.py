@@ -190,3 +190,12 @@ def test_seed_sweep_bars_draw(tmp_path: Path) -> None:
                    for s in "ab" for k in range(3)])
     written = draw_plots(_ctx(df, None), tmp_path)
     assert [p.name for _, p in written] == ["latency.png", "utilization.png"]
+
+
+def test_headline_without_load_sweep_says_whether_slos_hold() -> None:
+    df = _summary([{"series": "a", "seed": k, "p99_ttft_ms": 50.0 + k} for k in range(2)]
+                  + [{"series": "b", "seed": k, "p99_ttft_ms": 150.0} for k in range(2)])
+    a, b = headlines(_ctx(df, None, slos={"ttft_ms": 100.0}))
+    assert a.text == ("a: 100 output tok/s (mean of 2 seeds), p99 TTFT 50.5 ms, p99 TPOT 8 ms; "
+                      "meets the SLOs (closest to its limit: p99 TTFT (51 ms vs 100 ms)).")
+    assert "misses the SLOs (binding: p99 TTFT (150 ms vs 100 ms))" in b.text

@@ -6,7 +6,8 @@ every metric with a per-request limit in ``slos:`` is within that limit (``slos:
 ``batchsim capacity`` uses. A swept point meets them when every seed's run does. The *binding
 metric* is the one furthest over its limit at the lowest failing rate above the answer (or
 "unstable"); when every swept rate passes, the one closest to its limit at the highest.
-Without a load sweep or without SLOs the headline gives each series' best throughput instead.
+Without a load sweep (or without SLOs) the headline gives each series' best throughput
+instead, and with SLOs whether it meets them there.
 """
 from __future__ import annotations
 
@@ -77,8 +78,10 @@ def rate_headline(ctx: ReportContext, name: str, rows: pd.DataFrame, slos: Slos)
     return Headline(name, float(best), why, text)
 
 
-def throughput_headline(ctx: ReportContext, name: str, rows: pd.DataFrame) -> Headline:
-    """A series' highest mean output throughput and its p99 TTFT/TPOT there."""
+def throughput_headline(ctx: ReportContext, name: str, rows: pd.DataFrame,
+                        slos: Slos) -> Headline:
+    """A series' highest mean output throughput, its p99 TTFT/TPOT there and, with SLOs,
+    whether it meets them there."""
     mean = rows.select_dtypes("number").groupby(rows["x"], dropna=False).mean()
     if "output_throughput" not in mean or mean["output_throughput"].isna().all():
         return Headline(name, None, None, f"{name}: no throughput recorded.")
@@ -87,10 +90,16 @@ def throughput_headline(ctx: ReportContext, name: str, rows: pd.DataFrame) -> He
     where = f" at {ctx.x_text(x)}" if ctx.has_x else ""
     seeds = rows["seed"].nunique() if "seed" in rows else 1
     over = f" (mean of {seeds} seeds)" if seeds > 1 else ""
-    return Headline(name, None, None,
-                    f"{name}: {fmt(best['output_throughput'])} output tok/s{where}{over}, "
-                    f"p99 TTFT {fmt(best.get('p99_ttft_ms', math.nan))} ms, "
-                    f"p99 TPOT {fmt(best.get('p99_tpot_ms', math.nan))} ms.")
+    text = (f"{name}: {fmt(best['output_throughput'])} output tok/s{where}{over}, "
+            f"p99 TTFT {fmt(best.get('p99_ttft_ms', math.nan))} ms, "
+            f"p99 TPOT {fmt(best.get('p99_tpot_ms', math.nan))} ms")
+    if not slos.percentiles:
+        return Headline(name, None, None, text + ".")
+    at = rows[rows["x"] == x] if ctx.has_x else rows
+    why = binding(slos, at)
+    verdict = ("meets the SLOs (closest to its limit" if passes(slos, at)
+               else "misses the SLOs (binding")
+    return Headline(name, None, why, f"{text}; {verdict}: {why}).")
 
 
 def headlines(ctx: ReportContext) -> list[Headline]:
@@ -102,7 +111,7 @@ def headlines(ctx: ReportContext) -> list[Headline]:
         if ctx.shape == "load" and slos.percentiles:
             out.append(rate_headline(ctx, name, rows, slos))
         else:
-            out.append(throughput_headline(ctx, name, rows))
+            out.append(throughput_headline(ctx, name, rows, slos))
     return out
 
 
@@ -116,4 +125,5 @@ def headline_intro(ctx: ReportContext) -> str:
     if ctx.shape == "load":
         return ("No SLOs are set (add `slos:` to find the highest rate meeting them); best "
                 "output throughput per policy:")
-    return "Best output throughput per policy:"
+    return "Best output throughput per policy" + (" and whether it meets the SLOs:"
+                                                    if ctx.slos else ":")
