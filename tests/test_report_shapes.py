@@ -199,3 +199,21 @@ def test_headline_without_load_sweep_says_whether_slos_hold() -> None:
     assert a.text == ("a: 100 output tok/s (mean of 2 seeds), p99 TTFT 50.5 ms, p99 TPOT 8 ms; "
                       "meets the SLOs (closest to its limit: p99 TTFT (51 ms vs 100 ms)).")
     assert "misses the SLOs (binding: p99 TTFT (150 ms vs 100 ms))" in b.text
+
+
+def test_swept_names_split_series_and_the_first_numeric_key_is_x() -> None:
+    from sim.experiments.config import RunSpec
+    from sim.report.context import build_context
+
+    runs = [RunSpec({"policy": {"name": "p"}, "hardware": h, "rate": r},
+                    {"hardware": h, "workload.arrival.rate": r}, "p")
+            for h in ("g1", "g2") for r in (1.0, 2.0)]
+    df = _summary([{"label": "p", "policy": "p", **s.swept} for s in runs])
+    base = {"workload": {"arrival": {"process": "poisson", "rate": 1.0}}}
+    ctx = build_context(Path("/nonexistent"), base, runs, df)
+    assert (ctx.x_key, ctx.shape, ctx.x_label) == ("workload.arrival.rate", "load",
+                                                    "request rate (req/s)")
+    assert ctx.series == ["p hardware=g1", "p hardware=g2"]
+    only_names = build_context(Path("/nonexistent"), {"output": {"load_key": "hardware"}},
+                               runs[::2], df.iloc[::2])
+    assert only_names.x_key is None and only_names.series == ["p hardware=g1", "p hardware=g2"]

@@ -29,7 +29,6 @@ from sim.experiments.runner import run_id
 from sim.experiments.schema import lookup
 from sim.experiments.slo import CapacityError
 
-SHAPES = ("load", "other", "seeds", "single")
 #: Units of swept keys that the config schema does not carry (workload and policy keys), by the
 #: last part of the dotted key; ``_ms``/``_s``/``_gb`` suffixes are read from the name itself.
 UNITS = {"max_num_seqs": "sequences", "batch_size": "sequences", "tp": "GPUs",
@@ -181,15 +180,20 @@ class ReportContext:
         return self.common_point().drop_duplicates("series")
 
 
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def x_key(base: dict[str, Any], runs: list[RunSpec]) -> str | None:
-    """``output.load_key``, else the first swept key that is not ``seed``."""
+    """``output.load_key``, else the first swept key other than ``seed`` whose values are all
+    numbers (a swept name, such as ``hardware``, splits series instead)."""
     key = (base.get("output") or {}).get("load_key")
     if key:
         return str(key)
-    for spec in runs:
-        for k in spec.swept:
-            if k != "seed":
-                return str(k)
+    keys = [k for k in {k: 0 for s in runs for k in s.swept} if k != "seed"]
+    for k in keys:
+        if all(_numeric(s.swept[k]) for s in runs if k in s.swept):
+            return str(k)
     return None
 
 
@@ -253,6 +257,8 @@ def build_context(out: Path, base: dict[str, Any], runs: list[RunSpec],
                   summary: pd.DataFrame) -> ReportContext:
     """The ``ReportContext`` of an experiment's finished runs."""
     key = x_key(base, runs)
+    if key is not None and not (key in summary and pd.api.types.is_numeric_dtype(summary[key])):
+        key = None  # not a number axis (or not swept): its values split series instead
     df = summary.copy()
     df["series"] = series_names(df, runs, key)
     df["x"] = df[key] if key in df else np.nan
@@ -263,4 +269,4 @@ def build_context(out: Path, base: dict[str, Any], runs: list[RunSpec],
         is_rate = key is not None and key == rate_key(base.get("workload"))
     except CapacityError:
         is_rate = False
-    return ReportContext(df, key if key in df else None, title, out / "runs", slos, is_rate)
+    return ReportContext(df, key, title, out / "runs", slos, is_rate)
