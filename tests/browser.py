@@ -46,10 +46,11 @@ class Browser:
 
         self.proc = subprocess.Popen(
             [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-dev-shm-usage",  # containers often have a tiny /dev/shm
              "--disable-extensions", "--disable-background-networking", "--mute-audio",
              "--remote-debugging-pipe", f"--user-data-dir={self._dir}",
              "--window-size=1300,900", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log(),
             preexec_fn=wire, close_fds=False)
         os.close(to_chrome_r)
         os.close(from_chrome_w)
@@ -58,6 +59,16 @@ class Browser:
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self._lock = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
+
+    def _log(self) -> Any:
+        """Chromium's stderr, kept for the error message when it dies."""
+        self._stderr = open(Path(self._dir) / "stderr.log", "wb")
+        return self._stderr
+
+    def _died(self) -> str:
+        self._stderr.flush()
+        tail = (Path(self._dir) / "stderr.log").read_bytes()[-1500:].decode(errors="replace")
+        return f"chromium exited with code {self.proc.poll()}: {tail}"
 
     def _read(self) -> None:
         buf = b""
@@ -89,8 +100,13 @@ class Browser:
         msg: dict[str, Any] = {"id": mid, "method": method, "params": params or {}}
         if session:
             msg["sessionId"] = session
-        os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
-        reply = q.get(timeout=timeout_s)
+        try:
+            os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+            reply = q.get(timeout=timeout_s)
+        except (OSError, queue.Empty):
+            if self.proc.poll() is not None:
+                raise RuntimeError(self._died()) from None
+            raise RuntimeError(f"CDP {method}: no reply within {timeout_s:g} s") from None
         if "error" in reply:
             raise RuntimeError(f"CDP {method}: {reply['error']}")
         return dict(reply.get("result", {}))
@@ -111,6 +127,7 @@ class Browser:
                 os.close(fd)
             except OSError:
                 pass
+        self._stderr.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -152,7 +169,10 @@ def load_page(path: Path, expression: str, ready: str = "true", timeout_s: float
         deadline = time.monotonic() + timeout_s
         loaded = False
         while not loaded:
-            ev = browser.events.get(timeout=max(0.1, deadline - time.monotonic()))
+            try:
+                ev = browser.events.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"{path}: no load event within {timeout_s:g} s") from None
             events.append(ev)
             loaded = ev.get("method") == "Page.loadEventFired"
 
