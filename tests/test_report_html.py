@@ -1,5 +1,5 @@
 """report.html in a real headless Chromium: no console errors, every chart rendered, the table's
-numbers equal summary.csv, sorting works, and a broken chart is caught.
+numbers equal summary.csv, sorting and legend toggles work, and a broken chart is caught.
 
 Chromium comes from Debian's package (``.ci/run`` installs it when missing). Without it this
 test fails; outside CI (``CI`` not ``true``) ``BATCHSIM_SKIP_BROWSER=1`` lets it skip instead.
@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,21 @@ SORT = """(function () {
   th.click(); var up = col(); th.click(); var down = col();
   return JSON.stringify({up: up, down: down});
 })()"""
+#: Clicks the first legend entry of the latency chart (as a user would) and reports each
+#: trace's legend group and visibility before and after.
+TOGGLE = r"""(function () {
+  var gd = document.getElementById("chart-latency_vs_load");
+  var seen = function () { return gd.data.map(function (t) {
+    return [t.legendgroup, t.visible === undefined ? true : t.visible]; }); };
+  var before = seen(), el = gd.querySelector(".legend .traces .legendtoggle");
+  var r = el.getBoundingClientRect();
+  var at = {bubbles: true, cancelable: true, clientX: r.x + 5, clientY: r.y + 5, button: 0,
+            view: window};
+  ["mousedown", "mouseup", "click"].forEach(function (type) {
+    el.dispatchEvent(new MouseEvent(type, at)); });
+  return new Promise(function (done) { setTimeout(function () {
+    done(JSON.stringify({before: before, after: seen()})); }, 500); });
+})()"""
 READY = ("document.querySelectorAll('div.chart .plotly-graph-div').length === "
          "document.querySelectorAll('div.chart .plotly-graph-div .main-svg').length")
 
@@ -89,10 +105,11 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _probe(page: Path) -> tuple[list[str], dict[str, Any]]:
-    """Load ``page`` once: (console errors, the ``PROBE`` result with ``sort`` added)."""
-    errors, value = load_page(page, f"[{PROBE}, {SORT}]", READY)
+    """Load ``page`` once: (console errors, the ``PROBE`` result with the ``sort`` and
+    ``toggle`` results added)."""
+    errors, value = load_page(page, f"Promise.all([{PROBE}, {SORT}, {TOGGLE}])", READY)
     probe = json.loads(value[0])
-    probe["sort"] = json.loads(value[1])
+    probe["sort"], probe["toggle"] = json.loads(value[1]), json.loads(value[2])
     return errors, probe
 
 
@@ -161,6 +178,16 @@ def test_table_sorts(page: tuple[list[str], dict[str, Any]]) -> None:
     assert order["up"] == sorted(order["up"]) and order["down"] == sorted(order["down"])[::-1]
 
 
+def test_legend_click_toggles_a_series_in_every_panel(
+        page: tuple[list[str], dict[str, Any]]) -> None:
+    toggle = page[1]["toggle"]
+    first = toggle["before"][0][0]
+    assert all(visible is True for _, visible in toggle["before"])
+    hidden = [group for group, visible in toggle["after"] if visible == "legendonly"]
+    assert hidden == [first] * 6  # p50 and p99 in each of the three panels
+    assert sum(group != first for group, _ in toggle["after"]) > 0
+
+
 def test_a_broken_chart_fails_the_check(out: Path, tmp_path: Path) -> None:
     """The check must catch a chart that does not render: here one chart's script targets a
     missing element, so plotly throws and its div stays empty."""
@@ -173,3 +200,19 @@ def test_a_broken_chart_fails_the_check(out: Path, tmp_path: Path) -> None:
     assert errors  # the uncaught exception is reported
     failures = chart_failures(probe, _expected_charts(out))
     assert len(failures) == 1 and failures[0].startswith("chart-latency_cdf: not rendered")
+
+
+def test_missing_chromium_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never a silent skip: without Chromium the test fails, in CI always; elsewhere it skips
+    only when BATCHSIM_SKIP_BROWSER=1 says so."""
+    monkeypatch.setattr(sys.modules[__name__], "find_chromium", lambda: None)
+    monkeypatch.setenv("BATCHSIM_SKIP_BROWSER", "1")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception):
+        _chromium()
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception):
+        _chromium()
+    monkeypatch.delenv("BATCHSIM_SKIP_BROWSER")
+    with pytest.raises(pytest.fail.Exception):
+        _chromium()
