@@ -175,6 +175,12 @@ class ReportContext:
         point = self.common_point()
         return f" at {self.x_text(point['x'].iloc[0])}" if self.has_x and len(point) else ""
 
+    def num_blocks(self, rid: str) -> float | None:
+        """The KV block count of run ``rid`` (``None`` when unlimited or unknown)."""
+        rows = self.summary[self.summary["run_id"] == rid]
+        nb = rows["num_blocks"].iloc[0] if "num_blocks" in rows and len(rows) else None
+        return float(nb) if nb is not None and pd.notna(nb) and float(nb) > 0 else None
+
     def run_rows(self) -> pd.DataFrame:
         """One row per series at the common point (its first seed): the runs drawn per run."""
         return self.common_point().drop_duplicates("series")

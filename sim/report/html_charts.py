@@ -20,7 +20,7 @@ from sim.report.context import ReportContext, ci95_half, error_bars, wide_range
 from sim.report.figures import COLORS, color
 from sim.report.plots import Chart
 from sim.report.plots_sweep import LATENCY, UTILIZATION
-from sim.report.samples import CDF_METRICS, bucket_steps, ecdf, latency_samples
+from sim.report.samples import CDF_METRICS, bucket_steps, ecdf, kv_use, latency_samples
 
 
 def safe(text: Any) -> str:
@@ -202,15 +202,18 @@ def timeline(ctx: ReportContext, chart: Chart) -> go.Figure | None:
             (2, "prefill_tok_s", "prefill tok/s", COLORS[3]),
             (2, "decode_tok_s", "decode tok/s", COLORS[0]),
             (2, "padding_tok_s", "padding tok/s", COLORS[7]),
-            (3, "num_waiting", "queue", COLORS[1]), (4, "kv_used_blocks", "KV blocks", COLORS[2])]
+            (3, "num_waiting", "queue", COLORS[1])]
     for r, col, name, c in rows:
         y = d[col].where(d[col] > 0) if r == 2 else d[col]
         if r == 2 and not d[col].any():
             continue
         fig.add_trace(go.Scatter(x=d["t_s"], y=y, mode="lines", name=name,
                                  line={"shape": "hv", "color": c, "width": 1}), row=r, col=1)
+    kv, kv_title = kv_use(d, ctx.num_blocks(str(chart.run_id)))
+    fig.add_trace(go.Scatter(x=d["t_s"], y=kv, mode="lines", name=kv_title,
+                             line={"shape": "hv", "color": COLORS[2], "width": 1}), row=4, col=1)
     fig.update_yaxes(type="log", row=2, col=1)
-    for r, title in enumerate(("decode batch", "tokens/s", "queue", "KV blocks"), start=1):
+    for r, title in enumerate(("decode batch", "tokens/s", "queue", kv_title), start=1):
         fig.update_yaxes(title_text=title, row=r, col=1)
     fig.update_xaxes(title_text="time (s)", row=4, col=1)
     return fig

@@ -13,8 +13,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from sim.experiments.results import read_table
 from sim.report import plots_runs, plots_sweep
 from sim.report.context import ReportContext
@@ -94,11 +92,8 @@ def draw_chart(ctx: ReportContext, chart: Chart, folder: Path) -> Path | None:
             steps = read_table(ctx.runs_dir / str(chart.run_id) / "steps")
         except (OSError, ValueError):
             return None
-        row = ctx.summary[ctx.summary["run_id"] == chart.run_id].iloc[0]
-        nb = row.get("num_blocks")
-        where = ctx.where()
-        return plots_runs.plot_timeline(steps, path, f"{chart.series}{where} · {ctx.title}",
-                                        float(nb) if nb is not None and pd.notna(nb) else None)
+        return plots_runs.plot_timeline(steps, path, f"{chart.series}{ctx.where()} · {ctx.title}",
+                                        ctx.num_blocks(str(chart.run_id)))
     draw = {"latency": plots_sweep.plot_latency, "frontier": plots_sweep.plot_frontier,
             "cdf": plots_runs.plot_latency_cdf, "utilization": plots_sweep.plot_utilization,
             "goodput": plots_sweep.plot_goodput}[chart.kind]

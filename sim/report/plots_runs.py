@@ -13,7 +13,7 @@ from matplotlib.ticker import FuncFormatter
 
 from sim.report.context import ReportContext
 from sim.report.figures import COLORS, color, new_figure, save
-from sim.report.samples import CDF_METRICS, bucket_steps, ecdf, latency_samples
+from sim.report.samples import CDF_METRICS, bucket_steps, ecdf, kv_use, latency_samples
 
 
 def _minor_label(value: float, _: object) -> str:
@@ -78,14 +78,11 @@ def plot_timeline(steps: pd.DataFrame, path: Path, title: str,
     axes[1].set_ylabel("tokens/s", fontsize=8)
     axes[2].plot(t, d["num_waiting"], drawstyle="steps-post", color=COLORS[1], linewidth=0.8)
     axes[2].set_ylabel("queue", fontsize=8)
-    kv = d["kv_used_blocks"].to_numpy(float)
-    if num_blocks and np.isfinite(num_blocks) and num_blocks > 0:
-        axes[3].plot(t, kv / num_blocks, drawstyle="steps-post", color=COLORS[2], linewidth=0.8)
+    kv, kv_title = kv_use(d, num_blocks)
+    axes[3].plot(t, kv, drawstyle="steps-post", color=COLORS[2], linewidth=0.8)
+    if num_blocks:
         axes[3].set_ylim(0, 1.05)
-        axes[3].set_ylabel("KV used", fontsize=8)
-    else:
-        axes[3].plot(t, kv, drawstyle="steps-post", color=COLORS[2], linewidth=0.8)
-        axes[3].set_ylabel("KV blocks", fontsize=8)
+    axes[3].set_ylabel(kv_title, fontsize=8)
     axes[3].set_xlabel("time (s)", fontsize=8)
     for ax in axes[:3]:
         ax.sharex(axes[3])

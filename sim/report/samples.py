@@ -98,3 +98,12 @@ def bucket_steps(steps: pd.DataFrame, buckets: int = TIMELINE_BUCKETS) -> pd.Dat
                **{c: np.where(count > 0, total(c) / count, np.nan)
                   for c in ("num_waiting", "kv_used_blocks")}}
     return pd.DataFrame(out)
+
+
+def kv_use(d: pd.DataFrame, num_blocks: float | None) -> tuple[np.ndarray, str]:
+    """A bucketed timeline's KV use: the fraction of ``num_blocks`` when known, else blocks;
+    with its axis title."""
+    kv = d["kv_used_blocks"].to_numpy(float)
+    if num_blocks:
+        return kv / num_blocks, "KV used"
+    return kv, "KV blocks"
