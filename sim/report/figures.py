@@ -32,9 +32,19 @@ def literal(text: str) -> str:
     return text.replace("$", r"\$")
 
 
+#: Marker shapes (matplotlib, plotly) that tell apart series sharing a colour: the 11th series
+#: has the first colour again, with squares.
+MARKERS = (("o", "circle"), ("s", "square"), ("^", "triangle-up"), ("D", "diamond"))
+
+
 def color(index: int) -> str:
     """The colour of the ``index``-th series (cycling)."""
     return COLORS[index % len(COLORS)]
+
+
+def marker(index: int, plotly: bool = False) -> str:
+    """The marker of the ``index``-th series: one shape per round of ``COLORS``."""
+    return MARKERS[index // len(COLORS) % len(MARKERS)][1 if plotly else 0]
 
 
 def new_figure(ncols: int, nrows: int = 1, width: float = 4.2,

@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 
 from sim.experiments.results import read_table
 from sim.report.context import ReportContext, ci95_half, error_bars, wide_range
-from sim.report.figures import COLORS, color
+from sim.report.figures import COLORS, color, marker
 from sim.report.plots import Chart
 from sim.report.plots_sweep import LATENCY, UTILIZATION
 from sim.report.samples import CDF_METRICS, bucket_steps, ecdf, kv_use, latency_samples
@@ -40,7 +40,8 @@ def _lines(fig: go.Figure, ctx: ReportContext, panels: list[tuple[str, str]], co
            ) -> None:
     """One line per series and panel, ``col_of(key)`` → [(column, dash, shown in legend)]."""
     for series, mean, half in ctx.by_series():
-        c = color(ctx.series.index(series))
+        i = ctx.series.index(series)
+        c, symbol = color(i), marker(i, plotly=True)
         for j, (key, _) in enumerate(panels):
             for col, dash, legend in col_of(key):
                 if col not in mean:
@@ -48,7 +49,8 @@ def _lines(fig: go.Figure, ctx: ReportContext, panels: list[tuple[str, str]], co
                 fig.add_trace(go.Scatter(
                     x=mean["x"], y=mean[col], mode="lines+markers", name=safe(series),
                     legendgroup=safe(series), showlegend=legend and j == 0,
-                    line={"color": c, "dash": dash}, error_y=_err(mean, half, col),
+                    line={"color": c, "dash": dash}, marker={"symbol": symbol},
+                    error_y=_err(mean, half, col),
                     hovertemplate=f"{safe(series)}<br>{col}: %{{y:.4g}}<br>x: %{{x}}"
                                   "<extra></extra>"), row=1, col=j + 1)
 
@@ -119,6 +121,7 @@ def frontier(ctx: ReportContext) -> go.Figure:
                 x=mean["output_throughput"], y=mean[f"p99_{key}_ms"], customdata=mean["x"],
                 mode="lines+markers", name=safe(series), legendgroup=safe(series),
                 showlegend=j == 0, line={"color": color(ctx.series.index(series))},
+                marker={"symbol": marker(ctx.series.index(series), plotly=True)},
                 hovertemplate=f"{safe(series)}<br>%{{x:.4g}} tok/s, p99 %{{y:.4g}} ms"
                               f"<br>{safe(ctx.x_label)}: %{{customdata}}<extra></extra>"),
                 row=1, col=j + 1)

@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from sim.report.context import ReportContext, ci95_half, error_bars
-from sim.report.figures import auto_log, bars, color, new_figure, save
+from sim.report.figures import auto_log, bars, color, marker, new_figure, save
 
 LATENCY = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2E"))
 UTILIZATION = (("busy_fraction", "busy"), ("slot_utilization", "slot util."),
@@ -59,9 +59,10 @@ def plot_latency(ctx: ReportContext, path: Path) -> Path:
     for ax, (key, name) in zip(axes, LATENCY, strict=True):
         if ctx.has_x:
             for series, mean, half in ctx.by_series():
-                c = color(ctx.series.index(series))
-                line(ax, mean, half, f"median_{key}_ms", "--.", c)
-                line(ax, mean, half, f"p99_{key}_ms", "-o", c, series, markersize=3)
+                i = ctx.series.index(series)
+                c, m = color(i), marker(i)
+                line(ax, mean, half, f"median_{key}_ms", "--", c, marker=m, markersize=2)
+                line(ax, mean, half, f"p99_{key}_ms", "-", c, series, marker=m, markersize=3)
             ax.set_xlabel(ctx.x_label, fontsize=8)
         else:
             point_bars(ax, ctx, [f"median_{key}_ms", f"p99_{key}_ms"], ["p50", "p99"])
@@ -83,8 +84,9 @@ def plot_frontier(ctx: ReportContext, path: Path) -> Path:
     fig, axes = new_figure(2, width=4.8)
     for ax, (key, name) in zip(axes, (("tpot", "TPOT"), ("e2el", "E2E")), strict=True):
         for series, mean, _ in ctx.by_series():
-            ax.plot(mean["output_throughput"], mean[f"p99_{key}_ms"], "-o", markersize=3,
-                    color=color(ctx.series.index(series)), label=series)
+            i = ctx.series.index(series)
+            ax.plot(mean["output_throughput"], mean[f"p99_{key}_ms"], "-", marker=marker(i),
+                    markersize=3, color=color(i), label=series)
         slo_line(ax, ctx, key)
         ax.set_xlabel("output throughput (tok/s)", fontsize=8)
         ax.set_ylabel(f"p99 {name} (ms)", fontsize=8)
@@ -110,10 +112,11 @@ def plot_goodput(ctx: ReportContext, path: Path) -> Path:
     fig, axes = new_figure(2, width=4.8)
     if ctx.has_x:
         for series, mean, half in ctx.by_series():
-            c = color(ctx.series.index(series))
+            i = ctx.series.index(series)
+            c, m = color(i), marker(i)
             axes[0].plot(mean["x"], mean["request_throughput"], ":", color=c)
-            line(axes[0], mean, half, "request_goodput", "-o", c, series, markersize=3)
-            line(axes[1], mean, half, "slo_attainment", "-o", c, markersize=3)
+            line(axes[0], mean, half, "request_goodput", "-", c, series, marker=m, markersize=3)
+            line(axes[1], mean, half, "slo_attainment", "-", c, marker=m, markersize=3)
         for ax in axes:
             ax.set_xlabel(ctx.x_label, fontsize=8)
     else:
