@@ -72,7 +72,7 @@ def test_plots_and_report(out: Path) -> None:
     assert "Two policies at two loads." in report
     assert "| policy | rate | done |" in report
     assert report.count("\n| continuous |") == 2 * 2  # compact and full table, two rates
-    assert report.count("\n| $\\frac{$ <b>\\|&") == 2 * 2  # the pipe escaped
+    assert report.count("\n| $\\frac{$ &lt;b>\\|&") == 2 * 2  # pipe and tag escaped
     assert len(set(_series(out))) == 2
     for name in pngs:
         assert f"](plots/{name})" in report
@@ -86,7 +86,7 @@ def test_report_headline_links_and_captions(out: Path) -> None:
     head = report.split("## Setup")[0]
     assert "Highest swept request rate meeting the SLOs (p99 TTFT ≤ 200 ms" in head
     for name in _series(out):
-        assert f"- {name.replace('|', chr(92) + '|')}: " in head
+        assert f"- {name.replace('|', chr(92) + '|').replace('<', '&lt;')}: " in head
     summary = pd.read_csv(out / "summary.csv", dtype={"run_id": str})
     for rid in summary["run_id"]:
         assert f"[{rid}](runs/{rid}/) · [config](runs/{rid}/config.yaml)" in report

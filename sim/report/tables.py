@@ -28,8 +28,9 @@ COMPACT = ("completed", "request_throughput", "output_throughput", "p99_ttft_ms"
 
 
 def md_text(text: str) -> str:
-    """``text`` safe inside a markdown table cell or list item (pipes escaped, one line)."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` safe inside a markdown table cell or list item: pipes escaped, ``<`` as an
+    entity (so a label is never read as HTML), one line."""
+    return text.replace("|", "\\|").replace("<", "&lt;").replace("\n", " ")
 
 
 def markdown_table(df: pd.DataFrame, columns: list[str],
