@@ -5,7 +5,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -14,8 +13,9 @@ from sim.api import run_experiment
 from sim.experiments.config import expand_runs
 from sim.experiments.results import read_table
 from sim.experiments.runner import run_id
-from sim.report.markdown import markdown_table, regenerate, write_outputs
-from sim.report.plots import downsample
+from sim.report.context import build_context
+from sim.report.markdown import regenerate, write_outputs
+from sim.report.tables import markdown_table
 from sim.report.trace_export import export_chrome_trace
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -29,8 +29,9 @@ EXPERIMENT = {
     "workload": {"arrival": {"process": "poisson", "rate": 4.0}, "num_requests": 50,
                  "prompt_tokens": {"dist": "uniform", "lo": 10, "hi": 100},
                  "output_tokens": {"dist": "uniform", "lo": 5, "hi": 50}},
+    # the second label is invalid mathtext, markdown and HTML all at once: drawn as typed
     "policies": [{"name": "continuous"}, {"name": "continuous", "mode": "orca",
-                                          "max_num_seqs": 4}],
+                                          "max_num_seqs": 4, "label": "$\\frac{$ <b>|&"}],
     "sweep": {"workload.arrival.rate": [4.0, 8.0]},
 }
 
@@ -52,6 +53,13 @@ def _pngs(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((out / "plots").glob("*.png"))}
 
 
+def _series(out: Path) -> list[str]:
+    raw = yaml.safe_load((out / "experiment.yaml").read_text())["experiment"]
+    base, runs = expand_runs(raw)
+    summary = pd.read_csv(out / "summary.csv", dtype={"run_id": str})
+    return build_context(out, base, runs, summary).series
+
+
 def test_plots_and_report(out: Path) -> None:
     pngs = _pngs(out)
     for name in ("latency_vs_load", "throughput_vs_latency", "latency_cdf", "utilization",
@@ -63,20 +71,56 @@ def test_plots_and_report(out: Path) -> None:
     assert report.startswith("# tiny\n")
     assert "Two policies at two loads." in report
     assert "| policy | rate | done |" in report
-    assert report.count("\n| continuous") == 4
-    assert "continuous(max_num_seqs=4, mode=orca)" in report  # the automatic label
+    assert report.count("\n| continuous |") == 2 * 2  # compact and full table, two rates
+    assert report.count("\n| $\\frac{$ &lt;b>\\|&") == 2 * 2  # pipe and tag escaped
+    assert len(set(_series(out))) == 2
     for name in pngs:
         assert f"](plots/{name})" in report
     assert "Failed" not in report
 
 
+def test_report_headline_links_and_captions(out: Path) -> None:
+    """report.md opens with the per-policy answer, links every run, explains every plot and
+    keeps the first table compact (the full one folded away)."""
+    report = (out / "report.md").read_text(encoding="utf-8")
+    head = report.split("## Setup")[0]
+    assert "Highest swept request rate meeting the SLOs (p99 TTFT ≤ 200 ms" in head
+    for name in _series(out):
+        assert f"- {name.replace('|', chr(92) + '|').replace('<', '&lt;')}: " in head
+    summary = pd.read_csv(out / "summary.csv", dtype={"run_id": str})
+    for rid in summary["run_id"]:
+        assert f"[{rid}](runs/{rid}/) · [config](runs/{rid}/config.yaml)" in report
+    tables = report.split("## Summary")[1].split("## Plots")[0]
+    compact, full = tables.split("<details>")
+    header = next(line for line in compact.splitlines() if line.startswith("| policy"))
+    assert header.count("|") - 1 <= 11 and "SLOs met" in header
+    assert "<summary>All columns</summary>" in full and "p50 TTFT ms" in full
+    plots = report.split("## Plots")[1]
+    blocks = [b for b in plots.split("\n\n") if b.strip()]
+    for i, block in enumerate(blocks):
+        if block.startswith("!["):
+            assert blocks[i - 1].endswith(".") and not blocks[i - 1].startswith("![")
+
+
+def test_report_html_written(out: Path) -> None:
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<script src" not in page and "<link" not in page  # self-contained: nothing fetched
+    assert page.count('class="plotly-graph-div"') == len(_pngs(out))
+    assert "&lt;b&gt;|&amp;" in page and "<b>|&" not in page  # the label is escaped
+    assert not list(out.glob(".*.tmp"))
+
+
 def test_regenerate_reproduces(out: Path) -> None:
     report = (out / "report.md").read_text(encoding="utf-8")
+    page = (out / "report.html").read_text(encoding="utf-8")
     names = set(_pngs(out))
     shutil.rmtree(out / "plots")
     (out / "report.md").unlink()
+    (out / "report.html").unlink()
     regenerate(out)
     assert (out / "report.md").read_text(encoding="utf-8") == report
+    assert (out / "report.html").read_text(encoding="utf-8") == page
     assert set(_pngs(out)) == names
 
 
@@ -96,7 +140,8 @@ def test_failed_runs_listed(out: Path, tmp_path: Path) -> None:
     (copy / "runs" / bad / "error.txt").write_text("RuntimeError: boom\n\ntraceback...")
     write_outputs(copy, base, runs, summary[summary["run_id"] != bad], plots=False)
     report = (copy / "report.md").read_text(encoding="utf-8")
-    assert f"- `{bad}` (continuous workload.arrival.rate=8.0): RuntimeError: boom" in report
+    assert (f"- `{bad}` ([error.txt](runs/{bad}/error.txt)) (continuous "
+            "workload.arrival.rate=8.0): RuntimeError: boom") in report
     assert "](plots/" not in report
 
 
@@ -104,9 +149,12 @@ def test_without_load_axis_draws_bars(tmp_path: Path) -> None:
     exp = {k: v for k, v in EXPERIMENT.items() if k not in ("sweep", "slos")}
     out = _run(tmp_path, exp)
     pngs = _pngs(out)
-    assert "goodput_vs_load.png" not in pngs
-    assert {"latency_vs_load.png", "utilization.png", "latency_cdf.png"} <= set(pngs)
-    assert "load axis: none" in (out / "report.md").read_text(encoding="utf-8")
+    assert "goodput.png" not in pngs and "goodput_vs_load.png" not in pngs
+    assert "throughput_vs_latency.png" not in pngs  # single runs: no one-point frontier
+    assert {"latency.png", "utilization.png", "latency_cdf.png"} <= set(pngs)
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "x axis: none (single)" in report
+    assert "Best output throughput per policy:" in report
 
 
 def test_markdown_table_formatting() -> None:
@@ -118,15 +166,6 @@ def test_markdown_table_formatting() -> None:
     assert lines[1] == "|:---|---:|---:|---:|"
     assert lines[2] == "| a\\|b | 3 | 0.0123 | – |"
     assert lines[3] == "| c | 40 | 1,235 | 12.3 |"
-
-
-def test_downsample_caps_points() -> None:
-    n = 12_345
-    steps = pd.DataFrame({"start_s": np.arange(n) * 0.01, "num_seqs": np.ones(n)})
-    d = downsample(steps, ["num_seqs"], max_points=1000)
-    assert len(d) == 1000
-    assert np.allclose(d["num_seqs"], 1.0)
-    assert d["start_s"].iloc[0] == 0.0
 
 
 def test_chrome_trace(out: Path, tmp_path: Path) -> None:

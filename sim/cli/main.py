@@ -62,7 +62,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
             regenerate(folder)
     except FileNotFoundError as e:  # a file of the folder vanished: the user's folder is bad
         raise InputError(str(e)) from None
-    print(f"wrote {Path(args.dir) / 'report.md'} and {Path(args.dir) / 'plots'}")
+    print(f"wrote {Path(args.dir) / 'report.md'}, {Path(args.dir) / 'report.html'} and "
+          f"{Path(args.dir) / 'plots'}")
     return 0
 
 

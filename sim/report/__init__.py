@@ -1,3 +1,3 @@
-"""Reports: plots, `report.md` and the Chrome/Perfetto trace export, drawn from an experiment's
-result files.
+"""Reports: the plots, `report.md`, the interactive `report.html` and the Chrome/Perfetto trace
+export, drawn from an experiment's result files.
 """
