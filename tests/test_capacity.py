@@ -259,3 +259,18 @@ policy: {name: continuous}
     assert "workload.arrival.rate" in err.splitlines()[-1]
     with pytest.raises(CapacityError):
         parse_slos("ttft_p99_ms=1", attainment=0)
+
+
+def test_overrides_and_sweeps_follow_the_run_rules(exp, tmp_path, capsys):
+    # a mapping of overrides works as --set does; --sweep of another key gives one search each
+    table = run_capacity(exp, slo=f"ttft_p99_ms={TTFT_MS}", tolerance=0.5,
+                         overrides={"workload.num_requests": 50},
+                         sweeps={"policy.max_num_seqs": [1, 2]}, out=tmp_path / "c", quiet=True)
+    assert list(table["policy.max_num_seqs"]) == [1, 2]
+    assert list(table["label"]) == ["continuous policy.max_num_seqs=1",
+                                    "continuous policy.max_num_seqs=2"]
+    # sweeping the searched rate itself is refused, in one line
+    code = main(["capacity", str(exp), "--slo", "ttft_p99_ms=10", "--sweep",
+                 "workload.arrival.rate=[1,2]", "--out", str(tmp_path / "d")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "capacity searches over the rate" in err
