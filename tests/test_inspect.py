@@ -76,7 +76,7 @@ def test_trace_with_a_bad_run_id_lists_the_valid_ones(tmp_path, capsys):
     exp.write_text(yaml.safe_dump({**TINY, "sweep": {"seed": [0, 1]}}))
     out = tmp_path / "out"
     assert main(["run", str(exp), "--out", str(out), "--quiet"]) == 0
-    ids = sorted(pd.read_csv(out / "summary.csv")["run_id"])
+    ids = sorted(pd.read_csv(out / "summary.csv", dtype={"run_id": str})["run_id"])
     assert main(["trace", str(out / "runs" / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "finished runs in" in err
