@@ -1,0 +1,90 @@
+"""Engine profiles per engine generation: names, the `vllm` alias, TP terms and their fit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sim
+from sim.core.types import BatchShape
+from sim.cost.engine_fit import fit_cpu_overheads, fit_framework_allreduce
+from sim.cost.profiles import list_engines, load_engine
+from sim.cost.roofline import DEFAULT_ENGINE
+
+GENERATIONS = ("vllm-v0", "vllm-v1", "trtllm", "sglang", "ideal")
+
+
+def _decode_32(gpu: str, tp: int, engine: str) -> sim.StepCost:
+    """A 70B decode step of 32 sequences at 512 tokens of context."""
+    cm = sim.build_cost_model("llama-2-70b", gpu, tp, engine=engine)
+    return cm.step(BatchShape(np.ones(32, np.int64), np.full(32, 512, np.int64)))
+
+
+def test_every_generation_is_a_profile_with_a_calibration_status():
+    assert set(GENERATIONS) <= set(list_engines())
+    for name in GENERATIONS:
+        eng = load_engine(name)
+        assert eng.name == name
+        assert eng.calibration["status"] in {"fitted", "derived", "by-definition"}
+    assert DEFAULT_ENGINE == "vllm-v0"
+
+
+def test_vllm_is_an_alias_of_vllm_v0():
+    assert load_engine("vllm") == load_engine("vllm-v0")
+    old = sim.build_cost_model("llama-3-8b", "h100-sxm", 1, engine="vllm")
+    new = sim.build_cost_model("llama-3-8b", "h100-sxm", 1, engine="vllm-v0")
+    shape = BatchShape.of([1, 1, 300], [40, 900, 300])
+    assert old.step(shape) == new.step(shape)
+
+
+def test_tp1_pays_only_the_tp1_terms():
+    eng = load_engine("vllm-v0")
+    assert eng.overhead_terms(1) == (eng.per_step_s, eng.per_seq_s, eng.per_layer_launch_s)
+    assert eng.allreduce_floor_s("h100-sxm", 1) == 0.0
+    assert eng.tp_per_step_s > 0.005  # the Ray round trip of the measurements (~6 ms)
+
+
+@pytest.mark.parametrize("gpu", ["a100-80gb", "h100-sxm"])
+def test_vllm_v0_70b_decode_follows_the_measured_tp_dependence(gpu):
+    """The fitted data: the TP>1 CPU excess is the same at TP 2 and TP 4 (Vidur, A100), and a
+    framework-level decode-sized all-reduce takes a floor that does not fall with the GPU count
+    (Vidur, DGX A100 / H100). So the overhead and the all-reduce stay flat in TP while the
+    GPU's weight traffic halves: the step must not halve."""
+    eng = load_engine("vllm-v0")
+    floor = eng.allreduce_floor_s(gpu, 2)
+    steps = {tp: _decode_32(gpu, tp, "vllm-v0") for tp in (2, 4, 8)}
+    ideal = {tp: _decode_32(gpu, tp, "ideal") for tp in (2, 4, 8)}
+    layers = 80
+    for tp, c in steps.items():
+        assert c.breakdown["overhead"] == pytest.approx(
+            eng.per_step_s + eng.tp_per_step_s + eng.tp_per_rank_s * (tp - 2)
+            + (eng.per_seq_s + eng.tp_per_seq_s) * 32 + eng.per_layer_launch_s * layers)
+        assert c.breakdown["allreduce"] == pytest.approx(2 * layers * floor)  # under the floor
+        assert ideal[tp].breakdown["allreduce"] < c.breakdown["allreduce"]
+    # weights per GPU halve from TP 4 to TP 8; the measured-overhead step does not
+    assert ideal[8].breakdown["mlp"] == pytest.approx(ideal[4].breakdown["mlp"] / 2, rel=0.1)
+    assert steps[8].seconds / steps[4].seconds > 0.73
+    assert steps[8].seconds / steps[4].seconds > ideal[8].seconds / ideal[4].seconds + 0.05
+    assert steps[4].seconds / steps[2].seconds > ideal[4].seconds / ideal[2].seconds + 0.05
+
+
+def test_newer_generations_cost_less_than_vllm_v0():
+    for tp in (2, 4):
+        v0 = _decode_32("h100-sxm", tp, "vllm-v0").seconds
+        ideal = _decode_32("h100-sxm", tp, "ideal").seconds
+        for name in ("vllm-v1", "trtllm", "sglang"):
+            assert ideal < _decode_32("h100-sxm", tp, name).seconds < v0
+
+
+def test_committed_numbers_are_the_fit():
+    """Refitting the shipped data gives the numbers in vllm-v0.yaml (and their error is low)."""
+    eng = load_engine("vllm-v0")
+    params, errs = fit_cpu_overheads(eng.per_step_s, eng.per_seq_s, eng.per_layer_launch_s)
+    assert params["tp_per_step_s"] == pytest.approx(eng.tp_per_step_s, rel=1e-3)
+    assert params["tp_per_rank_s"] == pytest.approx(eng.tp_per_rank_s, abs=1e-6)
+    assert params["tp_per_seq_s"] == pytest.approx(eng.tp_per_seq_s, abs=1e-7)
+    assert all(e.heldout_mdape_pct < 10 for e in errs)
+    floors, ar_errs = fit_framework_allreduce()
+    for gpu, floor in floors.items():
+        assert eng.allreduce_floor_us[gpu] == pytest.approx(floor)
+    assert eng.allreduce_floor_us["default"] == pytest.approx(np.mean(list(floors.values())))
+    assert all(e.heldout_mdape_pct < 20 for e in ar_errs)
