@@ -18,7 +18,6 @@ import yaml
 
 from sim.core.paths import checkout_root
 from sim.cost.calibrate import (
-    CLASSES,
     CalibrationError,
     CalibrationReport,
     calibrate,
@@ -29,6 +28,13 @@ from sim.cost.calibrate import (
 from sim.cost.profiles import Calibration, GpuProfile, ProfileError, load_gpu
 
 _ALPHA_KEYS = ("allreduce_alpha_us", "alpha_per_peer_us")
+#: What each built-in fitted GPU was fitted on, in words (the ``calibration.fitted_on`` line).
+_FITTED_ON = {
+    "a100-80gb": "NVIDIA AIConfigurator kernel timings (vLLM 0.14, bf16)",
+    "h100-sxm": "NVIDIA AIConfigurator kernel timings (vLLM 0.14, bf16); GEMMs also Vidur's "
+                "per-operator profile (Llama-2-7B, TP 1-8)",
+    "h200": "NVIDIA AIConfigurator kernel timings (vLLM 0.14, bf16)",
+}
 _COLOURS = {"gemm": "tab:blue", "context_attention": "tab:orange",
             "generation_attention": "tab:green", "allreduce": "tab:red"}
 HOLDOUT_NOTE = (
@@ -132,11 +138,12 @@ def calibration_block(report: CalibrationReport, date: str | None = None) -> dic
            "method": "sim.cost.calibrate.calibrate (batchsim calibrate): bounded soft-L1 least "
                      "squares on log latency; whole shape families held out",
            "holdout": HOLDOUT_NOTE,
-           "heldout_mdape_pct": {c: round(report.heldout_mdape_pct[c], 1) for c in CLASSES}
+           "heldout_mdape_pct": {c: round(v, 1) for c, v in report.heldout_mdape_pct.items()}
            | {"overall": round(report.overall_heldout_mdape_pct, 1)},
-           "train_mdape_pct": {c: round(report.train_mdape_pct[c], 1) for c in CLASSES},
-           "heldout_rows": {c: report.n_heldout[c] for c in CLASSES}}
-    return top | {"fit": fit | extra}
+           "train_mdape_pct": {c: round(v, 1) for c, v in report.train_mdape_pct.items()},
+           "heldout_rows": dict(report.n_heldout)}
+    status = {"status": "fitted", "fitted_on": _FITTED_ON.get(report.gpu, data)}
+    return status | top | {"fit": fit | extra}
 
 
 def write_profile(profile: GpuProfile, report: CalibrationReport, date: str | None = None

@@ -158,6 +158,19 @@ class Calibration:
     fit: Mapping[str, Any] = field(default_factory=dict)
 
 
+#: The calibration states a GPU profile can declare (``calibration.status``).
+CALIBRATION_STATUSES = ("fitted", "datasheet-only")
+
+
+def calibration_note(gpu: GpuProfile) -> str:
+    """One line saying how far ``gpu``'s numbers are measured: what they were fitted on, or a
+    warning that they are datasheet peaks with hand-set efficiencies."""
+    if gpu.calibration_status == "fitted":
+        return f"{gpu.name}: calibrated (fitted on {gpu.calibration_data or 'measurements'})"
+    return (f"WARNING: {gpu.name} is datasheet-only: peaks from the datasheet, hand-set "
+            "efficiencies, never fitted to measurements (no known error)")
+
+
 @dataclass(frozen=True)
 class GpuProfile:
     """One GPU: dense peaks per dtype (TFLOP/s), memory, links, price and calibration."""
@@ -173,6 +186,10 @@ class GpuProfile:
     calibration: Calibration
     sources: Mapping[str, str]
     origin: str = ""
+    #: ``fitted`` (efficiencies fitted to measurements, named by ``calibration_data``) or
+    #: ``datasheet-only`` (hand-set efficiencies on datasheet peaks: no measured error).
+    calibration_status: str = "datasheet-only"
+    calibration_data: str = ""
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense FLOP/s of one GPU for ``dtype``; weight-only formats (or a GPU without the
@@ -200,6 +217,11 @@ def load_gpu(name_or_path: str | Path) -> GpuProfile:
     ic = data.get("interconnect") or {}
     cal = dict(data.get("calibration") or {})
     fit = cal.pop("fit", {}) or {}
+    status = str(cal.pop("status", "fitted" if fit else "datasheet-only"))
+    if status not in CALIBRATION_STATUSES:
+        raise ProfileError(f"{origin}: calibration.status must be one of "
+                           f"{', '.join(CALIBRATION_STATUSES)}, got {status!r}")
+    fitted_on = str(cal.pop("fitted_on", fit.get("data", "")))
     known = set(Calibration.__dataclass_fields__) - {"fit"}
     if set(cal) - known:
         raise ProfileError(f"{origin}: unknown calibration keys {sorted(set(cal) - known)}; "
@@ -223,6 +245,8 @@ def load_gpu(name_or_path: str | Path) -> GpuProfile:
                                 fit=fit),
         sources=dict(data.get("sources") or {}),
         origin=origin,
+        calibration_status=status,
+        calibration_data=fitted_on,
     )
 
 
