@@ -88,3 +88,33 @@ def test_committed_numbers_are_the_fit():
         assert eng.allreduce_floor_us[gpu] == pytest.approx(floor)
     assert eng.allreduce_floor_us["default"] == pytest.approx(np.mean(list(floors.values())))
     assert all(e.heldout_mdape_pct < 20 for e in ar_errs)
+
+
+def test_every_gpu_states_its_calibration_and_datasheet_only_warns(tmp_path):
+    from sim.cost.profiles import calibration_note, list_gpus, load_gpu
+
+    statuses = {g: load_gpu(g).calibration_status for g in list_gpus()}
+    assert set(statuses.values()) == {"fitted", "datasheet-only"}
+    assert {g for g, s in statuses.items() if s == "fitted"} == {"a100-80gb", "h100-sxm", "h200"}
+    assert calibration_note(load_gpu("mi300x")).startswith("WARNING: mi300x is datasheet-only")
+    assert "Vidur" in calibration_note(load_gpu("h100-sxm"))
+    bad = tmp_path / "gpu.yaml"
+    bad.write_text("peak_tflops: {bf16: 100}\nhbm_gb: 10\nhbm_tbps: 1\n"
+                   "calibration: {status: guessed}\n")
+    with pytest.raises(sim.InputError, match="calibration.status"):
+        load_gpu(bad)
+    plain = tmp_path / "plain.yaml"  # a custom profile without a fit is datasheet-only
+    plain.write_text("peak_tflops: {bf16: 100}\nhbm_gb: 10\nhbm_tbps: 1\n")
+    assert load_gpu(plain).calibration_status == "datasheet-only"
+
+
+def test_report_and_console_show_the_calibration(tmp_path, capsys):
+    exp = tmp_path / "e.yaml"
+    exp.write_text("name: cal\nmodel: llama-2-7b\nhardware: a100-40gb\n"
+                   "workload: {arrival: {process: poisson, rate: 2.0}, num_requests: 20,\n"
+                   "  lengths: {dist: empirical, trace: azure-conv}}\n"
+                   "policy: {name: continuous}\n")
+    sim.run_experiment(exp, out=tmp_path / "out", plots=False, quiet=False)
+    assert "WARNING: a100-40gb is datasheet-only" in capsys.readouterr().err
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "- calibration: WARNING: a100-40gb is datasheet-only" in report

@@ -75,7 +75,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         print(describe_capacity(args.model, args.hardware, args.tp, args.block_size,
                                 args.gpu_memory_utilization))
         return 0
-    print("GPUs:   " + ", ".join(hardware.list_gpus()))
+    gpus = [hardware.load_gpu(g) for g in hardware.list_gpus()]
+    print("GPUs:   " + ", ".join(f"{g.name} ({g.calibration_status})" for g in gpus))
+    if any(g.calibration_status != "fitted" for g in gpus):
+        print("        (datasheet-only: never fitted to measurements, no known error)")
     print("Models: " + ", ".join(hardware.list_models()))
     print("Engines: " + ", ".join(hardware.list_engines()))
     return 0

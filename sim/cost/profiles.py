@@ -171,6 +171,18 @@ def calibration_note(gpu: GpuProfile) -> str:
             "efficiencies, never fitted to measurements (no known error)")
 
 
+def calibration_notes(hardware: list[str] | tuple[str, ...]) -> list[str]:
+    """``calibration_note`` of each distinct GPU named in ``hardware`` (names or paths; one that
+    does not load is left out: the run itself reports that error)."""
+    notes = []
+    for name in dict.fromkeys(hardware):
+        try:
+            notes.append(calibration_note(load_gpu(name)))
+        except InputError:
+            continue
+    return notes
+
+
 @dataclass(frozen=True)
 class GpuProfile:
     """One GPU: dense peaks per dtype (TFLOP/s), memory, links, price and calibration."""
@@ -436,6 +448,15 @@ def _floor_map(data: Mapping[str, Any], origin: str) -> dict[str, float]:
     if not isinstance(raw, dict):
         raw = {"default": raw}
     return {str(k): float(_num(raw, k, f"{origin}: allreduce_floor_us")) for k in raw}
+
+
+def engine_name(name_or_path: str | Path) -> str:
+    """The profile name ``name_or_path`` loads (an alias gives its target), or the text itself
+    when it does not load."""
+    try:
+        return load_engine(name_or_path).name
+    except InputError:
+        return str(name_or_path)
 
 
 def load_engine(name_or_path: str | Path = "ideal") -> EngineProfile:

@@ -18,6 +18,7 @@ import pandas as pd
 import yaml
 
 from sim.core.errors import InputError
+from sim.cost.profiles import calibration_notes
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
 from sim.experiments.progress import Progress
 from sim.experiments.results import TEMP_GLOB, is_temp_file, read_json, write_text
@@ -201,6 +202,9 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None,
     engines = ", ".join(dict.fromkeys(engine_profile_of(spec.config) for spec in runs))
     progress.message(f"batchsim: {base['name']}: {len(runs)} runs, "
                      f"{len(runs) - len(todo)} already done (engine profile: {engines})")
+    for note in calibration_notes([str(spec.config["hardware"]) for spec in runs
+                                   if spec.config["cost"]["kind"] == "roofline"]):
+        progress.message(f"batchsim: {note}")
     progress.start()
 
     def on_done(rid: str, result: dict[str, Any]) -> None:

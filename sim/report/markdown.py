@@ -16,6 +16,7 @@ import pandas as pd
 import yaml
 
 from sim.core.errors import InputError
+from sim.cost.profiles import calibration_notes
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, policy_label
 from sim.experiments.results import read_table, write_text
 from sim.experiments.runner import engine_profile_of, run_id
@@ -188,6 +189,9 @@ def render_report(out: Path, base: dict[str, Any], runs: list[RunSpec], ctx: P.P
     slo = ", ".join(f"{k} ≤ {v:g}" for k, v in ctx.slos.items()) or "none"
     lines += ["## Setup", "", f"- model: {_values(df, 'model')}",
               f"- GPU: {_values(df, 'hardware')}", f"- TP: {_values(df, 'tp')}",
+              "- calibration: " + ("; ".join(calibration_notes(
+                  [str(s.config["hardware"]) for s in runs
+                   if s.config["cost"]["kind"] == "roofline"])) or "none (analytic cost)"),
               "- engine profile: " + ", ".join(dict.fromkeys(engine_profile_of(s.config)
                                                              for s in runs)),
               f"- workload: {_trace_name(runs)}", f"- policies: {pol}", f"- SLOs: {slo}",
