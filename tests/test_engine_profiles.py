@@ -118,3 +118,42 @@ def test_report_and_console_show_the_calibration(tmp_path, capsys):
     assert "WARNING: a100-40gb is datasheet-only" in capsys.readouterr().err
     report = (tmp_path / "out" / "report.md").read_text()
     assert "- calibration: WARNING: a100-40gb is datasheet-only" in report
+
+
+def _steps(tokens, rows, live):
+    import pandas as pd
+
+    return pd.DataFrame({"num_prefill_tokens": np.array(tokens) - np.array(rows),
+                         "num_decode_tokens": rows, "num_seqs": rows, "kv_live_tokens": live})
+
+
+def test_validity_counts_follow_the_fitted_range():
+    from sim.cost.validity import validity_counts
+
+    cm = sim.build_cost_model("llama-3-8b", "h100-sxm", 1, engine="vllm-v0")
+    # inside; 200 rows (> 128 in the engine data); 9000 tokens (> 8192); 40k mean context
+    steps = _steps([64, 200, 9000, 4], [64, 200, 4, 4], [64 * 500, 200 * 500, 9000, 4 * 40000])
+    assert validity_counts(steps, cm) == {"steps_calibrated": 1, "steps_extrapolated": 3,
+                                          "steps_datasheet_only": 0}
+    tp8 = sim.build_cost_model("llama-3-70b", "h100-sxm", 8, engine="vllm-v0")  # TP 8 > 4
+    assert validity_counts(steps, tp8)["steps_extrapolated"] == 4
+    ideal = sim.build_cost_model("llama-3-70b", "h100-sxm", 8, engine="ideal")  # GPU range only
+    assert validity_counts(steps, ideal)["steps_calibrated"] == 2  # 200 rows now inside
+    fp8 = sim.build_cost_model("llama-3-8b", "h100-sxm", 1, engine="ideal", weight_dtype="fp8")
+    assert validity_counts(steps, fp8)["steps_extrapolated"] == 4
+    sheet = sim.build_cost_model("llama-3-8b", "mi300x", 1)
+    assert validity_counts(steps, sheet)["steps_datasheet_only"] == 4
+
+
+def test_a_run_summary_counts_every_step():
+    from sim.workload.build import build_workload_arrays
+
+    arrays = build_workload_arrays({"arrival": {"process": "poisson", "rate": 5.0},
+                                    "num_requests": 30,
+                                    "lengths": {"dist": "empirical", "trace": "azure-conv"}},
+                                   np.random.default_rng(0))
+    res = sim.simulate(arrays.to_requests(), policy={"name": "continuous"},
+                       cost=sim.build_cost_model("llama-3-8b", "h100-sxm"))
+    s = res.summary
+    assert s["steps_calibrated"] + s["steps_extrapolated"] == len(res.steps) > 0
+    assert s["steps_datasheet_only"] == 0

@@ -18,6 +18,7 @@ import yaml
 
 from sim.core.paths import checkout_root
 from sim.cost.calibrate import (
+    MEASURED_RANGE,
     CalibrationError,
     CalibrationReport,
     calibrate,
@@ -141,7 +142,7 @@ def calibration_block(report: CalibrationReport, date: str | None = None) -> dic
            "heldout_mdape_pct": {c: round(v, 1) for c, v in report.heldout_mdape_pct.items()}
            | {"overall": round(report.overall_heldout_mdape_pct, 1)},
            "train_mdape_pct": {c: round(v, 1) for c, v in report.train_mdape_pct.items()},
-           "heldout_rows": dict(report.n_heldout)}
+           "heldout_rows": dict(report.n_heldout), "range": dict(MEASURED_RANGE)}
     status = {"status": "fitted", "fitted_on": _FITTED_ON.get(report.gpu, data)}
     return status | top | {"fit": fit | extra}
 

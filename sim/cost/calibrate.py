@@ -101,6 +101,13 @@ class CalibrationReport:
         default_factory=dict, repr=False)
 
 
+#: The step shapes the subset ``prepare_measurements`` keeps covers (the ``calibration.fit.range``
+#: of a fitted GPU, read by ``sim.cost.validity``): GEMMs and prefill up to 8192 tokens, decode
+#: batches up to 2048 sequences of up to 32768 tokens, all-reduce over up to 8 GPUs, bf16 only.
+MEASURED_RANGE = {"max_tokens": 8192, "max_rows": 2048, "max_context_tokens": 32768,
+                  "max_tp": 8, "dtypes": ["bf16"]}
+
+
 def prepare_measurements(source_dir: str | Path, out_dir: str | Path) -> dict[str, int]:
     """Copy the simulator-relevant subset of one AIConfigurator system folder (e.g.
     ``.../aiconfigurator/h100_sxm``) to ``out_dir``: bf16 GEMMs with m ≤ 8192 and n, k ≥ 256,

@@ -25,6 +25,7 @@ from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
 from sim.cost.base import CostModel
+from sim.cost.validity import validity_counts
 from sim.engine import fastkernel
 from sim.engine.fastpath import FastResult, fast_path_blocker, run_continuous
 from sim.engine.inputs import check_run_limits, request_columns
@@ -149,6 +150,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,
         warmup_s=warmup_s, cooldown_s=cooldown_s, slos=dict(slos) if slos else None,
         kv_block_size=kv_config.block_size)
+    summary.update(validity_counts(steps, cost))  # steps inside the cost model's fitted range
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
     return SimResult(table, steps, summary, (gaps, counts), kv_config, engine_profile(cost))

@@ -17,6 +17,7 @@ import yaml
 
 from sim.core.errors import InputError
 from sim.cost.profiles import calibration_notes
+from sim.cost.validity import validity_line
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, policy_label
 from sim.experiments.results import read_table, write_text
 from sim.experiments.runner import engine_profile_of, run_id
@@ -104,6 +105,14 @@ def series_names(summary: pd.DataFrame, runs: list[RunSpec], key: str | None) ->
     return out
 
 
+def _calibration(runs: list[RunSpec], df: pd.DataFrame) -> str:
+    """The setup's calibration line: how each GPU was calibrated, and the share of steps inside
+    the calibrated range (``sim.cost.validity``)."""
+    notes = calibration_notes([str(s.config["hardware"]) for s in runs
+                               if s.config["cost"]["kind"] == "roofline"])
+    return "; ".join([*(notes or ["none (analytic cost)"]), *filter(None, [validity_line(df)])])
+
+
 def _trace_name(runs: list[RunSpec]) -> str:
     names = []
     for spec in runs:
@@ -189,9 +198,7 @@ def render_report(out: Path, base: dict[str, Any], runs: list[RunSpec], ctx: P.P
     slo = ", ".join(f"{k} ≤ {v:g}" for k, v in ctx.slos.items()) or "none"
     lines += ["## Setup", "", f"- model: {_values(df, 'model')}",
               f"- GPU: {_values(df, 'hardware')}", f"- TP: {_values(df, 'tp')}",
-              "- calibration: " + ("; ".join(calibration_notes(
-                  [str(s.config["hardware"]) for s in runs
-                   if s.config["cost"]["kind"] == "roofline"])) or "none (analytic cost)"),
+              "- calibration: " + _calibration(runs, df),
               "- engine profile: " + ", ".join(dict.fromkeys(engine_profile_of(s.config)
                                                              for s in runs)),
               f"- workload: {_trace_name(runs)}", f"- policies: {pol}", f"- SLOs: {slo}",
