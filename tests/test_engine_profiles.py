@@ -157,3 +157,9 @@ def test_a_run_summary_counts_every_step():
     s = res.summary
     assert s["steps_calibrated"] + s["steps_extrapolated"] == len(res.steps) > 0
     assert s["steps_datasheet_only"] == 0
+
+
+def test_engine_data_folder_is_not_a_gpu():
+    from sim.cost.calibrate import measured_gpus
+
+    assert measured_gpus() == ["a100-80gb", "h100-sxm", "h200"]

@@ -331,9 +331,12 @@ def measurements_root() -> Path:
 
 
 def measured_gpus() -> list[str]:
-    """GPUs with built-in kernel measurements (sorted folder names)."""
+    """GPUs with built-in kernel measurements (sorted names of the folders holding kernel
+    tables; ``engines/`` holds engine-level data, not a GPU's)."""
     root = measurements_root()
-    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / _FILES["gemm"]).is_file())
 
 
 def default_data_dir(gpu_name: str) -> Path:
