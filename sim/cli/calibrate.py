@@ -48,6 +48,8 @@ HOLDOUT_NOTE = (
 
 def main(args: Any) -> int:
     """Run ``batchsim calibrate`` for parsed ``args`` (``gpu``, ``data``, ``write``, ``report``)."""
+    if getattr(args, "engine_from", None):
+        return _engine_main(args)
     data = Path(args.data) if getattr(args, "data", None) else None
     if data is not None and not data.exists():
         raise CalibrationError(f"--data not found: {data}")
@@ -78,6 +80,33 @@ def main(args: Any) -> int:
     if args.report:
         out = write_report(reports, Path(args.report))
         print(f"wrote {out}")
+    return 0
+
+
+def _engine_main(args: Any) -> int:
+    """The ``--engine-from RESULTS...`` branch: fit an engine profile to benchmark runs."""
+    from sim.cost.roofline import DEFAULT_ENGINE
+    from sim.experiments.bench_results import load_bench_results
+    from sim.experiments.results import write_text
+    from sim.experiments.validate import engine_yaml, fit_engine
+
+    if not args.out:
+        raise CalibrationError("--engine-from needs --out FILE.yaml for the fitted profile")
+    out = Path(args.out)
+    if out.exists():
+        raise CalibrationError(f"{out} exists; batchsim never overwrites it (choose another "
+                               "--out)")
+    runs = [run for path in args.engine_from for run in load_bench_results(path)]
+    profile, rows = fit_engine(runs, args.model, args.hardware, args.tp,
+                               args.engine or DEFAULT_ENGINE, seed=args.seed)
+    for run, row in zip(runs, rows, strict=True):
+        print(f"{run.source}: mean TPOT measured {row['measured_mean_tpot_ms']:.3f} ms, "
+              f"simulated {row['simulated_mean_tpot_ms']:.3f} ms")
+    keys = ("per_step_s", "per_seq_s") if args.tp == 1 else ("tp_per_step_s", "tp_per_seq_s")
+    print(", ".join(f"{k} = {getattr(profile, k):.6g}" for k in keys))
+    write_text(out, engine_yaml(profile, [str(p) for p in args.engine_from], args.model,
+                                args.hardware, args.tp))
+    print(f"wrote {out}")
     return 0
 
 
