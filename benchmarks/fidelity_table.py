@@ -29,10 +29,21 @@ def _row(source: str, gpu: str, tp: str, engine: str, pred: np.ndarray, meas: np
                  f"{np.mean(err):.1f}"))
 
 
+COVERAGE: list[str] = []
+
+
 def kernels() -> None:
-    """AIConfigurator kernels (and H100's Vidur operators), held-out rows, per GPU and class."""
+    """AIConfigurator kernels (and H100's Vidur operators), held-out rows, per GPU and class;
+    and how often the 90 % step-scale interval of ``sim.cost.uncertainty`` contains them."""
+    from sim.cost.roofline import build_cost_model
+    from sim.cost.uncertainty import step_sigma
+
     for gpu in cal.measured_gpus():
         _, rep = cal.calibrate(gpu)
+        sigma = step_sigma(build_cost_model("llama-2-7b", gpu, 1, engine="ideal"))
+        logs = np.concatenate([np.abs(np.log(p[h] / m[h])) for p, m, h in rep.points.values()])
+        COVERAGE.append(f"| {gpu} | {sigma:.3f} | {len(logs)} | "
+                        f"{np.mean(logs <= 1.645 * sigma) * 100:.1f} |")
         for cls, (pred, meas, held) in rep.points.items():
             source = ("Vidur operators (GEMM)" if cls == cal.OPERATOR_CLASS
                       else f"AIConfigurator {cls}")
@@ -86,6 +97,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in ROWS:
         print("| " + " | ".join(r) + " |")
+    print()
+    print("| GPU | σ (log step time) | held-out kernels | inside exp(±1.645 σ) % |")
+    print("|---|---|---|---|")
+    print("\n".join(COVERAGE))
 
 
 if __name__ == "__main__":
