@@ -49,3 +49,26 @@ def test_intervals_bracket_the_point_estimate_and_are_deterministic():
     wider = summary_with_intervals(_requests, {"name": "continuous"}, cost, draws=4, sigma=0.5)
     assert (wider["median_tpot_ms_hi"] - wider["median_tpot_ms_lo"]
             > a["median_tpot_ms_hi"] - a["median_tpot_ms_lo"])
+
+
+def test_capacity_has_an_interval_that_widens_with_sigma():
+    from sim.experiments.intervals import capacity_with_interval
+
+    def requests(rate: float, seed: int):
+        return build_workload_arrays({"arrival": {"process": "poisson", "rate": rate},
+                                      "num_requests": 60,
+                                      "lengths": {"dist": "empirical", "trace": "azure-conv"}},
+                                     np.random.default_rng(seed)).to_requests()
+
+    def passes(s) -> bool:
+        return s["num_unfinished"] == 0 and s["p99_tpot_ms"] <= 30.0
+
+    cost = sim.build_cost_model("llama-3-8b", "h100-sxm")
+    none = capacity_with_interval(requests, {"name": "continuous"}, cost, passes, 4.0,
+                                  draws=3, sigma=0.0, tolerance=0.1)
+    wide = capacity_with_interval(requests, {"name": "continuous"}, cost, passes, 4.0,
+                                  draws=3, sigma=0.5, tolerance=0.1)
+    assert none["max_rate_lo"] <= none["max_rate"] <= none["max_rate_hi"]
+    assert wide["max_rate"] == none["max_rate"]  # the point search never scales the cost
+    assert (wide["max_rate_hi"] - wide["max_rate_lo"]
+            >= none["max_rate_hi"] - none["max_rate_lo"])

@@ -52,3 +52,37 @@ def summary_with_intervals(requests: Callable[[int], Sequence[Request]], policy:
         out[f"{m}_hi"] = float(max(np.nanquantile(arr, hi_q), base[m]))
     out["interval_sigma"] = sig
     return out
+
+
+def capacity_with_interval(requests: Callable[[float, int], Sequence[Request]], policy: Any,
+                           cost: RooflineCost, passes: Callable[[dict[str, Any]], bool],
+                           start: float, kv: Any = "auto", seed: int = 0, draws: int = 8,
+                           level: float = 0.9, tolerance: float = 0.05,
+                           sigma: float | None = None) -> dict[str, float]:
+    """The highest rate whose run ``passes`` (``sim.experiments.capacity.search``), with an
+    interval: the point search runs seed ``seed`` at ``s = 1``; each of ``draws`` searches runs
+    its own seed and step-time scale (as ``summary_with_intervals``), and ``max_rate_lo`` /
+    ``max_rate_hi`` are the quantiles of their results. ``requests(rate, seed)`` builds the
+    workload at one rate."""
+    from sim.experiments.capacity import search
+
+    if draws < 2 or not 0 < level < 1:
+        raise ValueError("need draws >= 2 and 0 < level < 1")
+
+    def best(c: RooflineCost, s: int) -> float:
+        def evaluate(rates: list[float], phase: str) -> list[bool]:
+            return [passes(simulate(requests(r, s), policy, c, kv, seed=s).summary)
+                    for r in rates]
+
+        return search(start, tolerance, 1, evaluate)[0]
+
+    sig = step_sigma(cost) if sigma is None else sigma
+    z = np.random.default_rng([seed, 0xCA9]).standard_normal(draws)
+    point = best(cost, seed)
+    rates = np.array([best(scaled(cost, float(np.exp(sig * z[k]))), seed + 1 + k)
+                      for k in range(draws)])
+    lo_q, hi_q = (1 - level) / 2, (1 + level) / 2
+    return {"max_rate": point,
+            "max_rate_lo": float(min(np.nanquantile(rates, lo_q), point)),
+            "max_rate_hi": float(max(np.nanquantile(rates, hi_q), point)),
+            "interval_sigma": sig}
