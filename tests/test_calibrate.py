@@ -22,8 +22,10 @@ from sim.cost.roofline import build_cost_model
 ROOT = Path(__file__).resolve().parent.parent
 MEAS = ROOT / "hardware_profiles" / "measurements"
 #: Held-out MdAPE (%) achieved on h100-sxm when the profiles were last fitted; +1 point margin.
-H100_HELDOUT = {"gemm": 7.8, "context_attention": 9.4, "generation_attention": 4.4,
-                "allreduce": 8.3}
+#: The GEMMs fit two sources with equal weight (AIConfigurator's kernels and Vidur's operator
+#: profile, ~20 % apart): 13.4 % on the first, 9.0 % on the second.
+H100_HELDOUT = {"gemm": 13.4, "gemm_operators": 9.0, "context_attention": 9.4,
+                "generation_attention": 4.4, "allreduce": 8.3}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def test_heldout_error_does_not_regress(h100):
     params, report = h100
     for cls, achieved in H100_HELDOUT.items():
         assert report.heldout_mdape_pct[cls] <= achieved + 1.0, cls
-    assert report.overall_heldout_mdape_pct <= 8.0
+    assert report.overall_heldout_mdape_pct <= 10.0
     assert set(cal.ATTENTION_PARAMS) <= set(params)
     held = report.points["generation_attention"][2]
     assert 0 < held.sum() < len(held)  # a real split

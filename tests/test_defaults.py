@@ -10,6 +10,7 @@ import pytest
 
 import sim
 from sim.core.fields import validate_fields
+from sim.cost.roofline import DEFAULT_ENGINE
 from sim.experiments.results import read_table
 from sim.experiments.schema import SCHEMA
 from sim.kv.config import KV_FIELDS, KVConfig, resolve_kv
@@ -33,8 +34,8 @@ def test_python_defaults_equal_yaml_defaults(tmp_path: Path) -> None:
 
     pd.testing.assert_frame_equal(res.requests, read_table(run / "requests"))
     pd.testing.assert_frame_equal(res.steps, read_table(run / "steps"))
-    assert res.engine_profile == "vllm"
-    assert "engine profile: vllm" in (tmp_path / "out" / "report.md").read_text()
+    assert res.engine_profile == DEFAULT_ENGINE == "vllm-v0"
+    assert f"engine profile: {DEFAULT_ENGINE}" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_kv_block_has_one_definition() -> None:

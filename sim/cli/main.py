@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from sim.cli.validate import add_arguments as add_validate_arguments
 from sim.core.errors import InputError, environment_failure
 
 
@@ -107,7 +108,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         print(describe_gpu(hardware.load_gpu(args.hardware)) if args.hardware
               else describe_model(hardware.load_model(args.model)))
         return 0
-    print("GPUs:   " + ", ".join(hardware.list_gpus()))
+    gpus = [hardware.load_gpu(g) for g in hardware.list_gpus()]
+    print("GPUs:   " + ", ".join(f"{g.name} ({g.calibration_status})" for g in gpus))
+    if any(g.calibration_status != "fitted" for g in gpus):
+        print("        (datasheet-only: never fitted to measurements, no known error)")
     print("Models: " + ", ".join(hardware.list_models()))
     print("Engines: " + ", ".join(hardware.list_engines()))
     return 0
@@ -138,6 +142,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                  out=args.out, tolerance=args.tolerance, jobs=args.jobs, quiet=args.quiet,
                  sweeps=_sweeps(args.sweep))
     return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """``batchsim validate``: measured benchmark runs against their simulated replay."""
+    from sim.cli.validate import main as validate_main
+
+    return validate_main(args)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -198,7 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--write", action="store_true", help="write fitted parameters into the "
                    "profile YAML")
     c.add_argument("--report", help="folder for the fit report and plots")
+    c.add_argument("--engine-from", nargs="+", metavar="RESULTS",
+                   help="fit an engine profile's overheads to vllm bench serve / guidellm "
+                   "results (with --model, --hardware, --tp, --engine, --out)")
+    c.add_argument("--engine", help="engine profile to start from (default: the default)")
+    c.add_argument("--out", help="engine YAML to write with --engine-from (never overwritten)")
+    add_validate_arguments(c)
     c.set_defaults(func=cmd_calibrate)
+
+    v = sub.add_parser("validate", help="compare measured benchmark runs with batchsim's replay")
+    v.add_argument("results", nargs="+", help="vllm bench serve result JSON or guidellm report")
+    v.add_argument("--engine", help="engine profile (default: the default engine)")
+    add_validate_arguments(v)
+    v.set_defaults(func=cmd_validate)
 
     cap = sub.add_parser("capacity", help="highest request rate meeting SLOs, per policy")
     cap.add_argument("config")

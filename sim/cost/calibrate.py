@@ -13,7 +13,12 @@ Every third distinct key (sorted) is held out: GEMMs by weight shape ``(n, k)`` 
 counts ``m`` of that weight together), attention by head configuration ``(num_heads,
 num_key_value_heads)`` per GPU (every batch size and length of it together: a stand-in for
 unseen models and TP degrees), all-reduce by message size (all GPU counts together).
-The command line is ``batchsim calibrate`` (:mod:`sim.cli.calibrate`).
+A GPU folder may also hold ``gemm_operators.csv.gz`` (``family,m,n,k,latency``): linear-layer
+operator timings of another source (for H100, Vidur's per-operator profile of a vLLM-style
+engine). The GEMM parameters are then fitted to both sources with equal weight (each source's
+log residuals scaled by one over the square root of its rows), and the report gives the
+held-out error of each (``gemm_operators`` holds out every third family, an operator at one TP
+degree). The command line is ``batchsim calibrate`` (:mod:`sim.cli.calibrate`).
 """
 from __future__ import annotations
 
@@ -68,6 +73,10 @@ _FILES = {"gemm": "gemm.csv.gz", "context_attention": "context_attention.csv.gz"
 
 __all__ = ["CalibrationError"]  # defined with the input checks, raised from here too
 
+#: Optional second GEMM source of a measurement folder (see the module docstring).
+OPERATOR_FILE = "gemm_operators.csv.gz"
+OPERATOR_CLASS = "gemm_operators"
+
 
 @dataclass(frozen=True)
 class CalibrationReport:
@@ -87,6 +96,13 @@ class CalibrationReport:
     data: str = ""
     points: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
         default_factory=dict, repr=False)
+
+
+#: The step shapes the subset ``prepare_measurements`` keeps covers (the ``calibration.fit.range``
+#: of a fitted GPU, read by ``sim.cost.validity``): GEMMs and prefill up to 8192 tokens, decode
+#: batches up to 2048 sequences of up to 32768 tokens, all-reduce over up to 8 GPUs, bf16 only.
+MEASURED_RANGE = {"max_tokens": 8192, "max_rows": 2048, "max_context_tokens": 32768,
+                  "max_tp": 8, "dtypes": ["bf16"]}
 
 
 def prepare_measurements(source_dir: str | Path, out_dir: str | Path) -> dict[str, int]:
@@ -142,6 +158,19 @@ def _load(data_dir: Path) -> dict[str, pd.DataFrame]:
         if len(frame) < 3:
             raise CalibrationError(f"{data_dir / name}: fewer than 3 timed rows")
         out[key] = frame
+    extra = data_dir / OPERATOR_FILE
+    if extra.is_file():
+        try:
+            frame = pd.read_csv(extra)
+        except (OSError, ValueError, UnicodeDecodeError, EOFError) as e:
+            raise CalibrationError(f"{extra}: cannot read CSV ({e})") from e
+        cols = ["family", "m", "n", "k", "latency"]
+        lacking = [c for c in cols if c not in frame.columns]
+        if lacking:
+            raise CalibrationError(f"{extra}: missing column(s) {lacking}")
+        if frame[cols[1:]].apply(pd.to_numeric, errors="coerce").isna().any().any():
+            raise CalibrationError(f"{extra}: non-numeric or empty values in {cols[1:]}")
+        out[OPERATOR_CLASS] = frame[frame["latency"] > 0].reset_index(drop=True)
     return out
 
 
@@ -249,24 +278,30 @@ def calibrate(gpu: str | GpuProfile, data_dir: str | Path | None = None
         "generation_attention": _heldout(gen_heads, ctx_heads),
         "allreduce": _heldout(data["allreduce"][["message_size"]]),
     }
+    if OPERATOR_CLASS in data:
+        split[OPERATOR_CLASS] = _heldout(data[OPERATOR_CLASS][["family"]])
     meas = {k: v["latency"].to_numpy(float) * 1e-3 for k, v in data.items()}  # ms → s
     tr = {k: ~split[k] for k in split}
 
     def predict(key: str, theta: np.ndarray, rows: np.ndarray | slice = slice(None)
                 ) -> np.ndarray:
         frame = data[key][rows]
-        if key == "gemm":
+        if key in ("gemm", OPERATOR_CLASS):
             return _predict_gemm(theta, profile, frame)
         if key == "allreduce":
             return _predict_comm(theta, profile, frame)
         return _predict_attention(theta, profile, frame, key == "context_attention")
 
     def residual(keys: tuple[str, ...]):
+        # with two sources of one class, each counts as one whatever its number of rows
+        weight = {k: 1.0 / np.sqrt(tr[k].sum()) if len(keys) > 1 and k.startswith("gemm")
+                  else 1.0 for k in keys}
         return lambda t: np.concatenate([np.log(predict(k, t, tr[k]) / meas[k][tr[k]])
-                                         for k in keys])
+                                         * weight[k] for k in keys])
 
     attn = ("context_attention", "generation_attention")
-    groups = ((("gemm",), GEMM_PARAMS), (attn, ATTENTION_PARAMS), (("allreduce",), COMM_PARAMS))
+    gemms = ("gemm", OPERATOR_CLASS) if OPERATOR_CLASS in data else ("gemm",)
+    groups = ((gemms, GEMM_PARAMS), (attn, ATTENTION_PARAMS), (("allreduce",), COMM_PARAMS))
     params: dict[str, float] = {}
     pred: dict[str, np.ndarray] = {}
     for keys, spec in groups:  # each operator class has its own parameters: fit them apart
@@ -284,7 +319,7 @@ def calibrate(gpu: str | GpuProfile, data_dir: str | Path | None = None
         n_train={k: int((~split[k]).sum()) for k in pred},
         n_heldout={k: int(split[k].sum()) for k in pred},
         overall_heldout_mdape_pct=pooled(True), overall_train_mdape_pct=pooled(False),
-        data=str(folder), points={k: (pred[k], meas[k], split[k]) for k in CLASSES})
+        data=str(folder), points={k: (pred[k], meas[k], split[k]) for k in pred})
     return params, report
 
 
@@ -294,9 +329,12 @@ def measurements_root() -> Path:
 
 
 def measured_gpus() -> list[str]:
-    """GPUs with built-in kernel measurements (sorted folder names)."""
+    """GPUs with built-in kernel measurements (sorted names of the folders holding kernel
+    tables; ``engines/`` holds engine-level data, not a GPU's)."""
     root = measurements_root()
-    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / _FILES["gemm"]).is_file())
 
 
 def default_data_dir(gpu_name: str) -> Path:
@@ -318,7 +356,11 @@ def report_table(reports: list[CalibrationReport] | CalibrationReport) -> str:
         cells.append(f"{r.overall_heldout_mdape_pct:.1f} / {r.overall_train_mdape_pct:.1f} "
                      f"({sum(r.n_heldout.values())})")
         lines.append(f"| {r.gpu} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + ["", "Cells: MdAPE % held-out / train (held-out rows)."])
+    notes = [f"{r.gpu} {c} (second GEMM source): {r.heldout_mdape_pct[c]:.1f} / "
+             f"{r.train_mdape_pct[c]:.1f} ({r.n_heldout[c]})"
+             for r in reports for c in r.heldout_mdape_pct if c not in CLASSES]
+    return "\n".join(lines + [*([""] + notes if notes else []), "",
+                               "Cells: MdAPE % held-out / train (held-out rows)."])
 
 
 def params_table(reports: list[CalibrationReport] | CalibrationReport) -> str:

@@ -105,7 +105,20 @@ ENGINE_FIELDS: dict[str, Key] = {
     "name": _TEXT, "description": _TEXT, "sources": _SOURCES,
     **{k: _nonneg(doc, "s", _MAX_OVERHEAD_S) for k, doc in (
         ("per_step_s", "CPU time per step"), ("per_seq_s", "CPU time per batch row"),
-        ("per_layer_launch_s", "launch time per layer"))},
+        ("per_layer_launch_s", "launch time per layer"),
+        ("tp_per_step_s", "extra CPU time per step at TP > 1 (worker RPC, input broadcast)"),
+        ("tp_per_rank_s", "extra CPU time per step per TP rank beyond two"),
+        ("tp_per_seq_s", "extra CPU time per batch row at TP > 1"))},
+    "allreduce_floor_us": Key(NUM + MAP + (OPT,), None, "framework-level all-reduce latency "
+                              "floor, one number or {gpu: us, default: us}", "us"),
+    "calibration": Key(MAP + (OPT,), None, "what the profile was fitted on, and its error"),
+    "alias_of": Key(STR + (OPT,), None, "another engine profile this name stands for"),
+}
+#: Calibration entries of a GPU profile that describe the fit rather than set a parameter.
+GPU_CALIBRATION_NOTES: dict[str, Key] = {
+    "status": Key(STR + (OPT,), None, "fitted or datasheet-only",
+                  choices=("fitted", "datasheet-only", None)),
+    "fitted_on": _TEXT,
 }
 
 
@@ -165,10 +178,10 @@ def check_gpu(data: Mapping[str, Any], origin: str, calibration_keys: set[str]) 
                         is not None}, origin, "peak_tflops.")
     check_table(data.get("interconnect") or {}, INTERCONNECT_FIELDS, origin, "interconnect.")
     cal = {k: v for k, v in (data.get("calibration") or {}).items() if k != "fit"}
-    table = {k: (Key(NUM + (OPT,), None, k, "", 0, True, _HUGE) if k in _EFFICIENCIES
-                 else _nonneg(k, maximum=float("inf")))
-             for k in sorted(calibration_keys)}
-    check_table(cal, table, origin, "calibration.")
+    table: dict[str, Key] = {k: (Key(NUM + (OPT,), None, k, "", 0, True, _HUGE)
+                                 if k in _EFFICIENCIES else _nonneg(k, maximum=float("inf")))
+                             for k in sorted(calibration_keys - set(GPU_CALIBRATION_NOTES))}
+    check_table(cal, {**table, **GPU_CALIBRATION_NOTES}, origin, "calibration.")
 
 
 def check_model(data: Mapping[str, Any], origin: str) -> None:

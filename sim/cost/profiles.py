@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from sim.core.errors import InputError
 from sim.core.paths import PROFILE_SUFFIXES, checkout_root, names_a_file
 from sim.cost.profile_schema import (
     ProfileError,
@@ -172,6 +173,31 @@ class Calibration:
     fit: Mapping[str, Any] = field(default_factory=dict)
 
 
+#: The calibration states a GPU profile can declare (``calibration.status``).
+CALIBRATION_STATUSES = ("fitted", "datasheet-only")
+
+
+def calibration_note(gpu: GpuProfile) -> str:
+    """One line saying how far ``gpu``'s numbers are measured: what they were fitted on, or a
+    warning that they are datasheet peaks with hand-set efficiencies."""
+    if gpu.calibration_status == "fitted":
+        return f"{gpu.name}: calibrated (fitted on {gpu.calibration_data or 'measurements'})"
+    return (f"WARNING: {gpu.name} is datasheet-only: peaks from the datasheet, hand-set "
+            "efficiencies, never fitted to measurements (no known error)")
+
+
+def calibration_notes(hardware: list[str] | tuple[str, ...]) -> list[str]:
+    """``calibration_note`` of each distinct GPU named in ``hardware`` (names or paths; one that
+    does not load is left out: the run itself reports that error)."""
+    notes = []
+    for name in dict.fromkeys(hardware):
+        try:
+            notes.append(calibration_note(load_gpu(name)))
+        except InputError:
+            continue
+    return notes
+
+
 @dataclass(frozen=True)
 class GpuProfile:
     """One GPU: dense peaks per dtype (TFLOP/s), memory, links, price and calibration."""
@@ -190,6 +216,10 @@ class GpuProfile:
     #: Device memory technology (``HBM3``, ``GDDR6``...); ``""`` when the profile omits it.
     #: ``hbm_gb`` / ``hbm_tbps`` hold the size and bandwidth of whichever memory it is.
     memory_type: str = ""
+    #: ``fitted`` (efficiencies fitted to measurements, named by ``calibration_data``) or
+    #: ``datasheet-only`` (hand-set efficiencies on datasheet peaks: no measured error).
+    calibration_status: str = "datasheet-only"
+    calibration_data: str = ""
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense FLOP/s of one GPU for ``dtype``; weight-only formats (or a GPU without the
@@ -218,6 +248,11 @@ def load_gpu(name_or_path: str | Path) -> GpuProfile:
     ic = data.get("interconnect") or {}
     cal = dict(data.get("calibration") or {})
     fit = cal.pop("fit", {}) or {}
+    status = str(cal.pop("status", "fitted" if fit else "datasheet-only"))
+    if status not in CALIBRATION_STATUSES:
+        raise ProfileError(f"{origin}: calibration.status must be one of "
+                           f"{', '.join(CALIBRATION_STATUSES)}, got {status!r}")
+    fitted_on = str(cal.pop("fitted_on", fit.get("data", "")))
     known = set(Calibration.__dataclass_fields__) - {"fit"}
     if set(cal) - known:
         raise ProfileError(f"{origin}: unknown calibration keys {sorted(set(cal) - known)}; "
@@ -242,6 +277,8 @@ def load_gpu(name_or_path: str | Path) -> GpuProfile:
         sources=dict(data.get("sources") or {}),
         origin=origin,
         memory_type=str(data.get("memory_type") or ""),
+        calibration_status=status,
+        calibration_data=fitted_on,
     )
 
 
@@ -384,7 +421,15 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """CPU-side cost an engine adds to each step: fixed, per sequence and per layer launched."""
+    """CPU-side cost an engine adds to each step, and its collectives' framework latency.
+
+    Every TP degree pays ``per_step_s + per_seq_s · rows + per_layer_launch_s · layers``; at
+    TP > 1 the step also pays ``tp_per_step_s + tp_per_rank_s · (tp − 2) + tp_per_seq_s · rows``
+    (worker RPC, synchronisation, input broadcast) and each all-reduce takes at least its
+    framework-level floor ``allreduce_floor_us`` (the host's dispatch and synchronisation of a
+    collective called from the framework; a mapping by GPU profile name with a ``default``, or
+    one number), never less than the GPU's kernel-level time. ``calibration`` says what
+    the numbers were fitted on (``status``: ``fitted``, ``derived`` or ``by-definition``)."""
 
     name: str
     per_step_s: float = 0.0
@@ -392,17 +437,69 @@ class EngineProfile:
     per_layer_launch_s: float = 0.0
     description: str = ""
     sources: Mapping[str, str] = field(default_factory=dict)
+    tp_per_step_s: float = 0.0
+    tp_per_rank_s: float = 0.0
+    tp_per_seq_s: float = 0.0
+    allreduce_floor_us: Mapping[str, float] = field(default_factory=dict)
+    calibration: Mapping[str, Any] = field(default_factory=dict)
+
+    def overhead_terms(self, tp: int) -> tuple[float, float, float]:
+        """``(per step s, per sequence s, per layer s)`` at TP degree ``tp``."""
+        if tp <= 1:
+            return self.per_step_s, self.per_seq_s, self.per_layer_launch_s
+        return (self.per_step_s + self.tp_per_step_s + self.tp_per_rank_s * (tp - 2),
+                self.per_seq_s + self.tp_per_seq_s, self.per_layer_launch_s)
+
+    def allreduce_floor_s(self, gpu: str, tp: int) -> float:
+        """The least time one all-reduce of ``tp`` GPUs named ``gpu`` takes (s); 0 at TP 1."""
+        if tp <= 1:
+            return 0.0
+        floor = self.allreduce_floor_us
+        return float(floor.get(gpu, floor.get("default", 0.0))) * 1e-6
+
+
+_ENGINE_NUMBERS = ("per_step_s", "per_seq_s", "per_layer_launch_s", "tp_per_step_s",
+                   "tp_per_rank_s", "tp_per_seq_s")
+
+
+def _floor_map(data: Mapping[str, Any], origin: str) -> dict[str, float]:
+    """``allreduce_floor_us`` of an engine profile as ``{gpu or "default": µs}``."""
+    raw = data.get("allreduce_floor_us")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raw = {"default": raw}
+    return {str(k): float(_num(raw, k, f"{origin}: allreduce_floor_us")) for k in raw}
+
+
+def engine_name(name_or_path: str | Path) -> str:
+    """The profile name ``name_or_path`` loads (an alias gives its target), or the text itself
+    when it does not load."""
+    try:
+        return load_engine(name_or_path).name
+    except InputError:
+        return str(name_or_path)
 
 
 def load_engine(name_or_path: str | Path = "ideal") -> EngineProfile:
-    """Load an engine overhead profile by name (``ideal``, ``vllm``) or YAML path."""
+    """Load an engine profile by name (``vllm-v0``, ``vllm-v1``, ``trtllm``, ``sglang``,
+    ``ideal``) or YAML path. A profile that is only ``alias_of: OTHER`` (``vllm`` names
+    ``vllm-v0``, so configs written before the engine generations keep running) loads OTHER."""
     data, origin = _read("engines", name_or_path)
+    for _ in range(4):  # an alias names a profile; a short chain at most, never a loop
+        target = data.get("alias_of")
+        if target is None:
+            break
+        data, origin = _read("engines", str(target))
+    else:
+        raise ProfileError(f"{origin}: alias_of chain too long (a loop?)")
     check_engine(data, origin)
+    numbers = {k: float(_num(data, k, origin, 0.0)) for k in _ENGINE_NUMBERS}
     return EngineProfile(
         name=str(data.get("name", Path(origin).stem)),
-        per_step_s=float(_num(data, "per_step_s", origin, 0.0)),
-        per_seq_s=float(_num(data, "per_seq_s", origin, 0.0)),
-        per_layer_launch_s=float(_num(data, "per_layer_launch_s", origin, 0.0)),
         description=str(data.get("description", "")),
         sources=dict(data.get("sources") or {}),
+        calibration=dict(data.get("calibration") or {}),
+        allreduce_floor_us=_floor_map(data, origin),
+        **numbers,
     )

@@ -64,10 +64,15 @@ class CostParams:
     attention_mha_split_tokens: float = float("inf")
     attention_gqa_latency_s: float = 0.0
 
+    allreduce_floor_s: float = 0.0
+
     @staticmethod
-    def of(gpu: GpuProfile, engine: EngineProfile, **overrides: float) -> CostParams:
-        """Collect the parameters of ``gpu`` and ``engine``, then apply named overrides."""
+    def of(gpu: GpuProfile, engine: EngineProfile, tp: int = 1, **overrides: float
+           ) -> CostParams:
+        """Collect the parameters of ``gpu`` and ``engine`` at TP degree ``tp`` (the engine's
+        overhead terms and collective latency depend on it), then apply named overrides."""
         c, ic = gpu.calibration, gpu.interconnect
+        per_step_s, per_seq_s, per_layer_s = engine.overhead_terms(tp)
         base = CostParams(
             c.compute_eff_max, c.compute_m_half, c.memory_eff, c.attention_compute_eff,
             c.attention_m_half,
@@ -75,14 +80,15 @@ class CostParams:
             (c.kernel_latency_us if c.attention_latency_us is None else c.attention_latency_us)
             * 1e-6, c.attention_row_tokens, c.kernel_latency_us * 1e-6, c.comm_eff,
             ic.allreduce_alpha_us * 1e-6, ic.alpha_per_peer_us * 1e-6,
-            engine.per_step_s, engine.per_seq_s, engine.per_layer_launch_s,
+            per_step_s, per_seq_s, per_layer_s,
             *(float(_calibration_value(c, k, d)) for k, d in _ATTENTION_EXTRAS.items()))
         # without its own fit, multi-head decode splits like grouped-query decode
         split = base.attention_split_tokens
         base = replace(base, attention_mha_split_tokens=float(
             _calibration_value(c, "attention_mha_split_tokens", split)),
             attention_gqa_latency_s=float(
-            _calibration_value(c, "attention_gqa_latency_us", 0.0)) * 1e-6)
+            _calibration_value(c, "attention_gqa_latency_us", 0.0)) * 1e-6,
+            allreduce_floor_s=engine.allreduce_floor_s(gpu.name, tp))
         known = [f.name for f in fields(CostParams)]
         bad = sorted(set(overrides) - set(known))
         if bad:
@@ -120,6 +126,12 @@ def _operator_adder(secs: dict[str, float], tally: list[float], lat: float):  # 
         tally[3] += b
 
     return add
+
+
+def allreduce_seconds(alpha_s: float, n: int, msg_bytes: float, bus_bytes_per_s: float
+                      ) -> float:
+    """One ring all-reduce of ``msg_bytes`` over ``n`` GPUs: ``α + 2(n−1)/n · bytes / bus``."""
+    return alpha_s + 2 * (n - 1) / n * msg_bytes / bus_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -326,11 +338,15 @@ class RooflineCost(AggregateSteps, ShapeCost):
         new, ctx = shape.new_tokens, shape.context_lens
         rows = len(new)
         if rows == 0:
-            p, L = self.params, self.model.num_layers
-            overhead = p.per_step_s + p.per_seq_s * rows + p.per_layer_launch_s * L
+            overhead = self._overhead(rows)
             return StepCost(overhead, bound="overhead", breakdown={"overhead": overhead})
         T = float(new.sum())
         return self._assemble(T, rows, self._attention(new, ctx, int(T)))
+
+    def _overhead(self, rows: int) -> float:
+        """The engine's CPU-side seconds of a step of ``rows`` rows (its TP terms included)."""
+        p = self.params
+        return p.per_step_s + p.per_seq_s * rows + p.per_layer_launch_s * self.model.num_layers
 
     def _dense(self, T: float, rows: int) -> tuple:
         """The parts of ``step`` attention does not touch, for ``T`` tokens in ``rows`` rows:
@@ -340,7 +356,7 @@ class RooflineCost(AggregateSteps, ShapeCost):
         dense = self._dense_memo.get(key)
         if dense is not None:
             return dense
-        p, m, L = self.params, self.model, self.model.num_layers
+        p, m = self.params, self.model
         lat = p.kernel_latency_s
         secs: dict[str, float] = {}
         tally = [0.0, 0.0, 0.0, 0.0]
@@ -363,12 +379,13 @@ class RooflineCost(AggregateSteps, ShapeCost):
         norms = (0.0, elem / self._bw, 0.0, elem)
         comm = 0.0
         if self.tp > 1:  # Megatron TP: one all-reduce after attention, one after the MLP
-            msg = T * h * _ACT_BYTES
-            comm = 2 * (self._alpha + 2 * (self.tp - 1) / self.tp * msg / self._bus)
+            # the kernel-level time, or the engine's framework-level floor when that is longer
+            one = allreduce_seconds(self._alpha, self.tp, T * h * _ACT_BYTES, self._bus)
+            comm = 2 * max(one, p.allreduce_floor_s)
         # embedding gather, then the LM head for the one sampling position per row
         emb = T * h * self._wb
         lm_head = self._gemm(float(rows), _Gemm("lm_head", m.vocab_size / self.tp, h))
-        overhead = p.per_step_s + p.per_seq_s * rows + p.per_layer_launch_s * L
+        overhead = self._overhead(rows)
         dense = (tuple(secs.items()), tuple(tally), norms, comm,
                  (0.0, emb / self._bw, 0.0, emb), lm_head, overhead)
         if len(self._dense_memo) > 1 << 16:  # bound the memo
@@ -451,9 +468,11 @@ class RooflineCost(AggregateSteps, ShapeCost):
         return max(0, int(free // self.kv_bytes_per_token))
 
 
-#: The engine profile of a run that names none, from Python and from YAML alike: the engine
-#: generation most measurements come from (per-step CPU overheads fitted to vLLM).
-DEFAULT_ENGINE = "vllm"
+#: The engine profile of a run that names none, from Python and from YAML alike. ``vllm-v0`` is
+#: the only engine generation whose overheads (TP terms included) are fitted to measurements;
+#: the newer profiles are derived from it. At TP 1 it has the numbers the old ``vllm`` profile
+#: had (``vllm`` is now its alias), so TP 1 results did not change when the generations came.
+DEFAULT_ENGINE = "vllm-v0"
 
 
 def build_cost_model(model: str | Path | ModelSpec, hardware: str | Path | GpuProfile,
@@ -478,7 +497,7 @@ def build_cost_model(model: str | Path | ModelSpec, hardware: str | Path | GpuPr
     if spec.num_heads % tp:
         raise ProfileError(f"{spec.name}: {spec.num_heads} attention heads do not split over "
                            f"tp={tp}")
-    cost = RooflineCost(spec, gpu, tp, eng, CostParams.of(gpu, eng, **overrides),
+    cost = RooflineCost(spec, gpu, tp, eng, CostParams.of(gpu, eng, tp, **overrides),
                         weight_dtype, kv_dtype)
     if cost.weight_bytes_per_gpu > gpu.hbm_bytes:
         need = cost.weight_bytes_per_gpu * tp / 1e9

@@ -25,6 +25,7 @@ from sim.core.state import Seq
 from sim.core.types import Request
 from sim.cost.base import CostModel
 from sim.cost.checked import checked_cost
+from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
 from sim.engine import fastkernel
 from sim.engine.coverage import compiled_spec_blocker, fast_path_blocker, spec_of
 from sim.engine.fastpath import FastResult, run_continuous
@@ -200,6 +201,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,
         warmup_s=warmup_s, cooldown_s=cooldown_s, slos=slo_limits,
         kv_block_size=kv_config.block_size, stream=stream)
+    # steps inside the cost model's fitted range; a bucketed table keeps no step shapes
+    summary.update(validity_counts(steps, cost) if stream is None
+                   else dict.fromkeys(VALIDITY_COLUMNS, float("nan")))
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
     names = dict.fromkeys(engine for engine, _ in engines)

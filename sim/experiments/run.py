@@ -18,6 +18,7 @@ import pandas as pd
 import yaml
 
 from sim.core.errors import EnvironmentFailure, InputError
+from sim.cost.profiles import calibration_notes
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
 from sim.experiments.executors import run_pool, run_serial, stop_pool, worker_init
 from sim.experiments.outdir import (
@@ -217,6 +218,9 @@ def _run_locked(path: Path, raw: dict[str, Any],
     engines = ", ".join(dict.fromkeys(engine_profile_of(spec.config) for spec in runs))
     progress.message(f"batchsim: {base['name']}: {len(runs)} runs, "
                      f"{len(runs) - len(todo)} already done (engine profile: {engines})")
+    for note in calibration_notes([str(spec.config["hardware"]) for spec in runs
+                                   if spec.config["cost"]["kind"] == "roofline"]):
+        progress.message(f"batchsim: {note}")
     progress.start()
 
     general: dict[str, int] = {}  # why runs fell back to the general engine -> how many

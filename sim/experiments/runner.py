@@ -113,7 +113,11 @@ def build_cost(config: dict[str, Any], base_dir: Path | None = None) -> CostMode
 def engine_profile_of(config: dict[str, Any]) -> str:
     """The engine overhead profile a run config uses (``"none"`` for analytic cost models),
     as ``SimResult.engine_profile`` reports it."""
-    return str(config["engine"]) if config["cost"]["kind"] == "roofline" else "none"
+    if config["cost"]["kind"] != "roofline":
+        return "none"
+    from sim.cost.profiles import engine_name  # an alias (``vllm``) names its target
+
+    return engine_name(str(config["engine"]))
 
 
 def kv_spec(config: dict[str, Any]) -> dict[str, Any] | None:

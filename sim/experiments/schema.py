@@ -22,8 +22,9 @@ SCHEMA: dict[str, Any] = {
     "model": Key(STR, "llama-3-8b", "Built-in model name or path to a model YAML / HF "
                  "config.json."),
     "hardware": Key(STR, "h100-sxm", "Built-in GPU name or path to a GPU profile YAML."),
-    "engine": Key(STR, DEFAULT_ENGINE, "Engine overhead profile: per-step CPU and launch overheads "
-                  "(`ideal` = none)."),
+    "engine": Key(STR, DEFAULT_ENGINE, "Engine profile by generation (CPU overheads, TP terms, "
+                  "collective floor): `vllm-v0`, `vllm-v1`, `trtllm`, `sglang`, `ideal` (none); "
+                  "`vllm` = `vllm-v0`; or a path to an engine YAML."),
     "parallelism": {
         "tp": Key(INT, 1, "Tensor-parallel degree (GPUs per replica).", minimum=1,
                   maximum=64),

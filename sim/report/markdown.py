@@ -16,6 +16,8 @@ import pandas as pd
 import yaml
 
 from sim.core.errors import InputError
+from sim.cost.profiles import calibration_notes
+from sim.cost.validity import validity_line
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, policy_label
 from sim.experiments.results import write_text
 from sim.experiments.runner import engine_profile_of, run_id
@@ -39,6 +41,7 @@ def _setup(base: dict[str, Any], runs: list[RunSpec], ctx: ReportContext) -> lis
             f"- GPU: {values(df, 'hardware')}", f"- TP: {values(df, 'tp')}",
             "- engine profile: " + ", ".join(dict.fromkeys(engine_profile_of(s.config)
                                                            for s in runs)),
+            "- calibration: " + _calibration(runs, df),
             f"- workload: {trace_name(runs)}", f"- policies: {pol}", f"- SLOs: {slo}",
             f"- x axis: `{ctx.x_key}` ({ctx.shape} sweep)" if ctx.x_key
             else f"- x axis: none ({ctx.shape})",
@@ -145,3 +148,11 @@ def regenerate(out: Path) -> None:
         if spec is not None:
             runs.append(spec)
     write_outputs(out, base, runs, summary, plots=True)
+
+
+def _calibration(runs: list[RunSpec], df: pd.DataFrame) -> str:
+    """The setup's calibration line: how each GPU was calibrated, and the share of steps inside
+    the calibrated range (``sim.cost.validity``)."""
+    notes = calibration_notes([str(s.config["hardware"]) for s in runs
+                               if s.config["cost"]["kind"] == "roofline"])
+    return "; ".join([*(notes or ["none (analytic cost)"]), *filter(None, [validity_line(df)])])

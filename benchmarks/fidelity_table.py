@@ -1,0 +1,107 @@
+"""Print the fidelity table of docs/cost-model.md: held-out MdAPE and MAPE per data source, GPU,
+TP degree and engine profile, from the shipped measurements (a minute or two: it refits every
+calibrated GPU)::
+
+    python benchmarks/fidelity_table.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+if __package__ in (None, ""):  # run as a script: make the checkout importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sim.cost import calibrate as cal
+from sim.cost.engine_fit import fit_cpu_overheads, fit_framework_allreduce
+from sim.cost.profiles import load_engine, load_gpu
+
+ROWS: list[tuple[str, ...]] = []
+
+
+def _row(source: str, gpu: str, tp: str, engine: str, pred: np.ndarray, meas: np.ndarray
+         ) -> None:
+    err = np.abs(pred - meas) / meas * 100
+    ROWS.append((source, gpu, tp, engine, str(len(meas)), f"{np.median(err):.1f}",
+                 f"{np.mean(err):.1f}"))
+
+
+COVERAGE: list[str] = []
+
+
+def kernels() -> None:
+    """AIConfigurator kernels (and H100's Vidur operators), held-out rows, per GPU and class;
+    and how often the 90 % step-scale interval of ``sim.cost.uncertainty`` contains them."""
+    from sim.cost.roofline import build_cost_model
+    from sim.cost.uncertainty import step_sigma
+
+    for gpu in cal.measured_gpus():
+        _, rep = cal.calibrate(gpu)
+        sigma = step_sigma(build_cost_model("llama-2-7b", gpu, 1, engine="ideal"))
+        logs = np.concatenate([np.abs(np.log(p[h] / m[h])) for p, m, h in rep.points.values()])
+        COVERAGE.append(f"| {gpu} | {sigma:.3f} | {len(logs)} | "
+                        f"{np.mean(logs <= 1.645 * sigma) * 100:.1f} |")
+        for cls, (pred, meas, held) in rep.points.items():
+            source = ("Vidur operators (GEMM)" if cls == cal.OPERATOR_CLASS
+                      else f"AIConfigurator {cls}")
+            _row(source, gpu, "1-8" if cls == "allreduce" else "per GPU", "(kernels)",
+                 pred[held], meas[held])
+
+
+def vidur_a100_gemm() -> None:
+    """Vidur's A100 operator profile, never fitted on: all rows are held out."""
+    from sim.cost.calibrate import _predict_gemm
+
+    gpu = load_gpu("a100-80gb")
+    c = gpu.calibration
+    theta = np.array([c.compute_eff_max, c.compute_m_half, c.memory_eff, c.kernel_latency_us])
+    root = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "profiling" / "vidur"
+    path = root / "compute" / "a100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
+    if not path.is_file():
+        return
+    df = pd.read_csv(path)
+    rows = []
+    for _, r in df.iterrows():
+        tp, d, e = r.num_tensor_parallel_workers, r.n_embd, r.n_expanded_embd
+        for op, n, k in (("attn_pre_proj", 3 * d / tp, d), ("attn_post_proj", d, d / tp),
+                         ("mlp_up_proj", 2 * e / tp, d), ("mlp_down_proj", d, e / tp)):
+            rows.append((r.num_tokens, n, k, r[f"time_stats.{op}.median"]))
+    g = pd.DataFrame(rows, columns=["m", "n", "k", "latency"])
+    _row("Vidur operators (GEMM), not fitted", "a100-80gb", "1-8", "(kernels)",
+         _predict_gemm(theta, gpu, g) * 1e3, g["latency"].to_numpy(float))
+
+
+def engine() -> None:
+    """vllm-v0 CPU overheads and framework all-reduce floors, held-out rows."""
+    eng = load_engine("vllm-v0")
+    _, errs = fit_cpu_overheads(eng.per_step_s, eng.per_seq_s, eng.per_layer_launch_s)
+    for e in errs:
+        ROWS.append(("Vidur CPU overheads per step", "a100-80gb", e.group[2:], "vllm-v0",
+                     str(e.n_heldout), f"{e.heldout_mdape_pct:.1f}", f"{e.heldout_mape_pct:.1f}"))
+    _, errs = fit_framework_allreduce()
+    for e in errs:
+        gpu, n = e.group.split(" n=")
+        ROWS.append(("Vidur framework all-reduce", gpu, n, "vllm-v0", str(e.n_heldout),
+                     f"{e.heldout_mdape_pct:.1f}", f"{e.heldout_mape_pct:.1f}"))
+
+
+def main() -> None:
+    """Compute and print every row."""
+    kernels()
+    vidur_a100_gemm()
+    engine()
+    print("| data source | GPU | TP | engine profile | held-out rows | MdAPE % | MAPE % |")
+    print("|---|---|---|---|---|---|---|")
+    for r in ROWS:
+        print("| " + " | ".join(r) + " |")
+    print()
+    print("| GPU | σ (log step time) | held-out kernels | inside exp(±1.645 σ) % |")
+    print("|---|---|---|---|")
+    print("\n".join(COVERAGE))
+
+
+if __name__ == "__main__":
+    main()

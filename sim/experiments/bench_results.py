@@ -1,0 +1,162 @@
+"""Real benchmark results as batchsim reads them: ``vllm bench serve`` and guidellm reports.
+
+**vllm bench serve** (``--save-result --save-detailed``) writes one JSON object with the run's
+settings (``request_rate``, ``burstiness``, ``max_concurrency``, ``duration``) and, per request,
+``input_lens``, ``output_lens``, ``ttfts`` (s) and ``itls`` (a list of inter-token gaps per
+request, s); failed requests have an entry in ``errors`` and are skipped. It records no arrival
+times: a replay draws them from the recorded rate (exponential gaps, or gamma ones with
+``burstiness`` as the shape, as the benchmark client does; every request at t = 0 for
+``request_rate: inf``).
+
+**guidellm** (``guidellm benchmark --output-path X.json``) writes ``{"benchmarks": [...]}``; each
+benchmark's ``requests.successful`` lists ``prompt_tokens``, ``output_tokens``, ``start_time``,
+``first_token_time``, ``last_token_time`` and ``end_time`` (epoch s). Arrivals are the start
+times (relative to the first); guidellm keeps no per-token gaps, so a request's ITLs are its
+mean gap, ``(last − first token) / (output − 1)``, repeated.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.core.errors import InputError
+from sim.core.types import Request
+
+
+class BenchResultError(InputError):
+    """A benchmark result file is missing, unreadable or not in a known format."""
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One measured benchmark run: the requests and what was measured of each."""
+
+    source: str
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    ttft_s: np.ndarray
+    itls_s: tuple[np.ndarray, ...]  # per request: its inter-token gaps
+    request_rate: float  # requests/s the client offered (inf: all at once)
+    burstiness: float = 1.0
+    arrival_s: np.ndarray | None = None  # recorded arrival times, when the format has them
+    duration_s: float | None = None
+    max_concurrency: int | None = None
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        """Per request: first token plus every later gap."""
+        return self.ttft_s + np.array([float(g.sum()) for g in self.itls_s])
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Per request with two or more output tokens: (e2e − ttft) / (output − 1)."""
+        many = self.output_tokens > 1
+        return (self.e2e_s - self.ttft_s)[many] / (self.output_tokens[many] - 1)
+
+    def arrivals(self, seed: int = 0) -> np.ndarray:
+        """Arrival times: recorded ones, else drawn from the rate (see the module docstring)."""
+        n = len(self.prompt_tokens)
+        if self.arrival_s is not None:
+            return self.arrival_s
+        if math.isinf(self.request_rate):
+            return np.zeros(n)
+        rng = np.random.default_rng(seed)
+        shape = self.burstiness
+        gaps = rng.gamma(shape, 1.0 / (self.request_rate * shape), n)
+        return np.cumsum(gaps) - gaps[0]
+
+    def requests(self, seed: int = 0) -> list[Request]:
+        """The measured requests with the same lengths, arriving as recorded (or drawn)."""
+        return [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
+            self.arrivals(seed), self.prompt_tokens, self.output_tokens, strict=True))]
+
+
+def _array(data: dict[str, Any], key: str, source: str) -> np.ndarray:
+    value = data.get(key)
+    if not isinstance(value, list):
+        raise BenchResultError(f"missing list {key!r} (saved with --save-detailed?)",
+                               source=source, field=key)
+    return np.asarray(value, dtype=float)
+
+
+def _from_vllm(data: dict[str, Any], source: str) -> BenchRun:
+    """A ``vllm bench serve`` result object."""
+    prompt, output = _array(data, "input_lens", source), _array(data, "output_lens", source)
+    ttft = _array(data, "ttfts", source)
+    itls = data.get("itls")
+    if not isinstance(itls, list) or not (len(prompt) == len(output) == len(ttft) == len(itls)):
+        raise BenchResultError("input_lens, output_lens, ttfts and itls must be lists of one "
+                               "length", source=source, field="itls")
+    errors = data.get("errors") or [""] * len(prompt)
+    ok = np.array([not e for e in errors], bool) & (output > 0)
+    if not ok.any():
+        raise BenchResultError("no successful request", source=source, field="errors")
+    rate = data.get("request_rate", "inf")
+    rate = math.inf if rate in ("inf", None) else float(rate)
+    idx = np.flatnonzero(ok)
+    return BenchRun(source, prompt[idx].astype(np.int64), output[idx].astype(np.int64),
+                    ttft[idx], tuple(np.asarray(itls[i], float) for i in idx), rate,
+                    float(data.get("burstiness") or 1.0), None,
+                    float(data["duration"]) if data.get("duration") else None,
+                    int(data["max_concurrency"]) if data.get("max_concurrency") else None)
+
+
+def _from_guidellm(bench: dict[str, Any], source: str) -> BenchRun:
+    """One benchmark of a guidellm report."""
+    reqs = (bench.get("requests") or {}).get("successful")
+    if not isinstance(reqs, list) or not reqs:
+        raise BenchResultError("benchmark without requests.successful", source=source,
+                               field="requests.successful")
+    try:
+        cols = {k: np.array([float(r[k]) for r in reqs]) for k in (
+            "prompt_tokens", "output_tokens", "start_time", "first_token_time",
+            "last_token_time")}
+    except (KeyError, TypeError, ValueError) as e:
+        raise BenchResultError(f"request field {e} missing or not a number", source=source,
+                               field="requests.successful") from None
+    out = cols["output_tokens"].astype(np.int64)
+    gap = (cols["last_token_time"] - cols["first_token_time"]) / np.maximum(out - 1, 1)
+    start = cols["start_time"]
+    arrival = start - start.min()
+    span = float(arrival.max())
+    rate = (len(reqs) - 1) / span if span > 0 else math.inf
+    return BenchRun(source, cols["prompt_tokens"].astype(np.int64), out,
+                    cols["first_token_time"] - start,
+                    tuple(np.full(max(int(o) - 1, 0), g) for o, g in zip(out, gap, strict=True)),
+                    rate, 1.0, arrival)
+
+
+def load_bench_results(path: str | Path) -> list[BenchRun]:
+    """Every run in a ``vllm bench serve`` JSON or a guidellm report (one run per benchmark)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise BenchResultError(f"cannot read ({e.strerror or e})", source=str(p)) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BenchResultError(f"not JSON ({e})", source=str(p)) from None
+    if isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
+        return [_from_guidellm(b, f"{p}#benchmarks[{i}]") for i, b in
+                enumerate(data["benchmarks"])]
+    if isinstance(data, dict) and "input_lens" in data:
+        return [_from_vllm(data, str(p))]
+    raise BenchResultError("neither a vllm bench serve result (input_lens, ttfts, itls ...) nor "
+                           "a guidellm report (benchmarks: [...])", source=str(p))
+
+
+def vllm_result_json(prompt: np.ndarray, output: np.ndarray, ttft_s: np.ndarray,
+                     itls_s: list[list[float]], request_rate: float, duration_s: float
+                     ) -> dict[str, Any]:
+    """A result object in ``vllm bench serve``'s saved format (the fields batchsim reads), for
+    writing sample files and round-trip tests."""
+    return {"backend": "vllm", "request_rate": "inf" if math.isinf(request_rate)
+            else request_rate, "burstiness": 1.0, "max_concurrency": None,
+            "duration": duration_s, "completed": len(prompt),
+            "input_lens": [int(x) for x in prompt], "output_lens": [int(x) for x in output],
+            "ttfts": [float(x) for x in ttft_s], "itls": itls_s,
+            "errors": [""] * len(prompt)}
