@@ -259,3 +259,18 @@ def test_kernel_tables_are_checked_naming_file_row_and_column(tmp_path, name, co
         frame.to_csv(folder / table.name, index=False)
     with pytest.raises(CalibrationError, match=message):
         calibrate("h100-sxm", folder)
+
+
+@pytest.mark.parametrize("name", ["it.zip", "it.xz", "it.csv.bz2"])
+def test_a_plain_iteration_csv_under_a_compression_suffix_is_read_as_text(tmp_path, name):
+    """#13 for calibration: pandas would decompress by the suffix and raise BadZipFile."""
+    path = tmp_path / name
+    path.write_bytes(ITERATIONS.read_bytes())
+    assert fit_iterations(path).n_train == fit_iterations(ITERATIONS).n_train
+
+
+def test_a_corrupt_gzip_calibration_file_is_one_error(tmp_path):
+    path = tmp_path / "it.csv"
+    path.write_bytes(b"\x1f\x8bnot really gzip")
+    with pytest.raises(CalibrationError, match=r"it\.csv: cannot read iteration CSV"):
+        fit_iterations(path)
