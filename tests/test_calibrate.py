@@ -148,7 +148,7 @@ def test_bad_inputs_raise_calibration_error(tmp_path, capsys):
     with pytest.raises(cal.CalibrationError, match="missing measurement"):
         cal.calibrate("h100-sxm", tmp_path)
     for name in cal._FILES.values():
-        (tmp_path / name).write_text("m,n,k\n1,2,3\n")  # not gzip
+        (tmp_path / name).write_bytes(b"\x1f\x8bnot really gzip")  # gzip by its bytes: corrupt
     with pytest.raises(cal.CalibrationError, match="cannot read CSV"):
         cal.calibrate("h100-sxm", tmp_path)
     for name in cal._FILES.values():

@@ -5,6 +5,8 @@ installed package data; every module that needs the checkout asks here, so movin
 never breaks a data path. A relative file path written in an experiment (``model``,
 ``hardware``, ``engine``, ``workload.trace``) is resolved from the experiment file's folder,
 never from the working directory, so an experiment runs the same from anywhere.
+never breaks a data path. ``is_gzip`` is the one test of whether a data file is compressed: by
+its bytes, never its name (pandas would decompress a plain ``t.zip`` by its suffix and fail).
 """
 from __future__ import annotations
 
@@ -42,3 +44,14 @@ def resolve_from(value: str, base_dir: Path | None) -> str:
     if candidate.exists() or path.suffix in PROFILE_SUFFIXES:
         return str(candidate)
     return value
+#: The first two bytes of every gzip file (RFC 1952).
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: Path) -> bool:
+    """True when ``path`` starts with the gzip magic bytes (its name does not matter)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == GZIP_MAGIC
+    except OSError:
+        return False

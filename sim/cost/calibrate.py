@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from sim.core.paths import checkout_root
-from sim.cost.calibration_input import CalibrationError, check_columns
+from sim.cost.calibration_input import CalibrationError, check_columns, read_csv
 from sim.cost.profiles import GpuProfile, ProfileError, load_gpu
 from sim.cost.roofline import PREFILL_TILE_TOKENS
 
@@ -143,10 +143,7 @@ def _load(data_dir: Path) -> dict[str, pd.DataFrame]:
         raise CalibrationError(f"{data_dir}: missing measurement file(s) {missing}")
     out = {}
     for key, name in _FILES.items():
-        try:
-            frame = pd.read_csv(data_dir / name)
-        except (OSError, ValueError, UnicodeDecodeError, EOFError) as e:
-            raise CalibrationError(f"{data_dir / name}: cannot read CSV ({e})") from e
+        frame = read_csv(data_dir / name)
         lacking = [c for c in _COLUMNS[key] if c not in frame.columns]
         if lacking:
             raise CalibrationError(f"{data_dir / name}: missing column(s) {lacking}")

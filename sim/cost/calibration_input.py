@@ -8,6 +8,7 @@ would otherwise be fitted silently or end in a traceback.
 """
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sim.core.errors import InputError
+from sim.core.paths import is_gzip
 
 #: Longest latency a calibration row may report, in ms (a quarter of an hour per kernel or
 #: step): beyond it the unit is wrong (µs for ms) or the measurement broken.
@@ -25,6 +27,17 @@ MAX_SIZE = 2.0**53
 
 class CalibrationError(InputError):
     """Calibration input is wrong: unknown GPU, missing data folder, malformed CSV."""
+
+
+def read_csv(path: Path, what: str = "CSV", **kwargs: object) -> pd.DataFrame:
+    """A calibration CSV, gzip-decompressed by its bytes (not its name: a plain ``t.zip`` is
+    text), every read or parse failure one ``CalibrationError`` naming the file."""
+    try:
+        return pd.read_csv(path, compression="gzip" if is_gzip(path) else None,
+                           **kwargs)  # type: ignore[call-overload]
+    except (OSError, ValueError, UnicodeDecodeError, EOFError, zlib.error) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CalibrationError(f"cannot read {what} ({msg})", source=str(path)) from None
 
 
 def check_columns(frame: pd.DataFrame, path: Path | str, sizes: Iterable[str],

@@ -69,6 +69,8 @@ class CheckedCost:
 
     def __getattr__(self, name: str) -> Any:
         # only called for names the proxy itself lacks: everything but ``_cost``
+        if name == "_cost":  # not set yet (copy or unpickle): no recursion into __getattr__
+            raise AttributeError(name)
         attr = getattr(self._cost, name)
         if name == "decode_step_for_rows" and callable(attr):
             return lambda rows: self._checked(attr(rows), "decode_step")

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sim.core.types import BatchShape
-from sim.cost.calibration_input import CalibrationError, check_columns
+from sim.cost.calibration_input import CalibrationError, check_columns, read_csv
 from sim.cost.profiles import ProfileError
 
 if TYPE_CHECKING:  # for annotations; ``_design`` imports it where it builds models
@@ -84,8 +84,8 @@ def is_iteration_csv(path: str | Path) -> bool:
     if not p.is_file():
         return False
     try:
-        header = pd.read_csv(p, nrows=0).columns
-    except (ValueError, OSError, UnicodeDecodeError):
+        header = read_csv(p, nrows=0).columns
+    except CalibrationError:
         return False
     return set(ITERATION_COLUMNS) <= {str(c).strip() for c in header}
 
@@ -93,10 +93,7 @@ def is_iteration_csv(path: str | Path) -> bool:
 def load_iteration_csv(path: str | Path) -> pd.DataFrame:
     """Read and validate an iteration CSV; raises ``CalibrationError`` naming the problem."""
     p = Path(path)
-    try:
-        df = pd.read_csv(p)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise CalibrationError(f"{p}: cannot read iteration CSV ({e})") from e
+    df = read_csv(p, "iteration CSV")
     df.columns = [str(c).strip() for c in df.columns]
     missing = [c for c in ITERATION_COLUMNS if c not in df.columns]
     if missing:

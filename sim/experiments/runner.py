@@ -145,7 +145,8 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
         requests = build_requests(config, base_dir)
     cost = build_cost(config, base_dir)
     slos = {k: v for k, v in config["slos"].items() if v is not None}
-    return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
+    try:
+        return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
                         seed=config["seed"], num_replicas=config["parallelism"]["replicas"],
                         warmup_s=config["metrics"]["warmup_s"],
                         cooldown_s=config["metrics"]["cooldown_s"], slos=slos or None,
@@ -154,6 +155,17 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
                         wall_clock_s=config["limits"]["wall_clock_s"],
                         max_model_len=config["limits"]["max_model_len"] or "model",
                         monitor=monitor)
+    except InputError as e:  # name the YAML key, not the ``simulate`` argument it became
+        if e.field in YAML_KEY_OF_ARGUMENT and e.source is None:
+            raise InputError(e.problem, field=YAML_KEY_OF_ARGUMENT[e.field]) from None
+        raise
+
+
+#: ``simulate`` arguments that a run config sets, by the YAML key that sets them.
+YAML_KEY_OF_ARGUMENT = {"warmup_s": "metrics.warmup_s", "cooldown_s": "metrics.cooldown_s",
+                        "step_table": "metrics.step_table", "horizon_s": "limits.horizon_s",
+                        "wall_clock_s": "limits.wall_clock_s",
+                        "max_model_len": "limits.max_model_len"}
 
 
 def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,

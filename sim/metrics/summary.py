@@ -147,7 +147,7 @@ def check_measurement_window(arrival_s: np.ndarray, warmup_s: float, cooldown_s:
     if not inside.any():
         raise InputError(f"warmup_s={warmup_s:g} s and cooldown_s={cooldown_s:g} s leave no "
                          f"request to measure: arrivals span {last - first:.6g} s",
-                         field="warmup_s")
+                         field="warmup_s" if warmup_s >= cooldown_s else "cooldown_s")
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *,

@@ -40,7 +40,7 @@ import pandas as pd
 
 from sim.core.arrays import TraceArrays
 from sim.core.errors import InputError
-from sim.core.paths import checkout_root
+from sim.core.paths import checkout_root, is_gzip  # is_gzip: also this module's API
 from sim.core.types import Request
 
 #: Built-in trace names -> file names in ``traces/`` (shipped as package ``sim._traces``).
@@ -66,8 +66,6 @@ NATIVE_OPTIONAL = ("priority", "tenant", "prefix_id", "num_prefix_tokens")
 #: shorter than this is read in one piece, as it was before chunking.
 CHUNK_ROWS = 1 << 17
 
-#: The first two bytes of every gzip file (RFC 1952).
-GZIP_MAGIC = b"\x1f\x8b"
 # What reading a damaged gzip stream raises (BadGzipFile is an OSError: caught before those).
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
@@ -185,15 +183,6 @@ def write_native(path: str | Path, requests: Iterable[Request]) -> None:
         data["num_prefix_tokens"] = trace.num_prefix_tokens
     # repr-precision floats so a written trace reloads bit-identically.
     pd.DataFrame(data).to_csv(path, index=False, float_format="%.17g", lineterminator="\n")
-
-
-def is_gzip(path: Path) -> bool:
-    """True when ``path`` starts with the gzip magic bytes (its name does not matter)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(2) == GZIP_MAGIC
-    except OSError:
-        return False
 
 
 def _open_bytes(path: Path) -> BinaryIO:
