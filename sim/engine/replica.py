@@ -17,9 +17,12 @@ rejected, so no request can be preempted forever.
 """
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
 
 import simpy
 
@@ -27,6 +30,14 @@ from policies.registry import Policy
 from sim.core.state import Seq
 from sim.core.types import BatchShape, Plan, Request, View
 from sim.cost.base import CostModel
+from sim.engine.drive import (
+    ReplicaEvent,
+    ReplicaState,
+    admit,
+    advance_until,
+    emit_first_tokens,
+    replica_state,
+)
 from sim.engine.skipping import MAX_SKIP_STEPS, commit_skip, plan_skip
 from sim.engine.validate import EngineError, validate_plan
 from sim.kv.cache import BlockPool
@@ -49,6 +60,18 @@ def never_fits(cfg: KVConfig, max_model_len: int | None, prompt: int, output: in
     if need > cfg.num_blocks:
         return f"needs {need} KV blocks, the cache has {cfg.num_blocks}"
     return ""
+
+
+@dataclass(slots=True)
+class Flight:
+    """A step launched at ``start_s`` and committed at ``end_s``: ``step`` holds what
+    ``Replica._commit`` needs; a skipped stretch of steady steps has ``skip`` instead."""
+
+    plan: Plan
+    start_s: float
+    end_s: float
+    step: tuple | None
+    skip: tuple = ()
 
 
 class Replica:
@@ -78,10 +101,21 @@ class Replica:
         self.clock = 0.0
         self._swap_s = 0.0  # host transfers of the step being prepared
         self._swap_bytes = 0.0
+        # The core's state between events (see ``sim.engine.drive`` for the driven form).
+        self.flight: Flight | None = None  # the step (or skipped stretch) in flight
+        self.idle = False  # the last plan was empty: plan again at ``wake_s`` or on an arrival
+        self.wake_s = math.inf
+        self.done = False  # horizon or wall-clock budget reached, or nothing left for good
+        self.pending: list[Seq] = []  # admitted from outside, taken at the next scheduling point
+        # Built without a request list, it is driven from outside: more may come until ``close``.
+        self.accepting = not requests
+        self.advanced_s = 0.0  # the time the replica was advanced to (driven form)
+        #: Receives a ``ReplicaEvent`` at each first token, prefill end, finish and rejection.
+        self.listener: Callable[[Any], None] | None = None
 
-    # -- the loop -----------------------------------------------------------------------------
+    # -- the SimPy process: a thin driver of the core below ------------------------------------
     def process(self, env: simpy.Environment):  # noqa: ANN201 - a SimPy generator
-        """The replica's SimPy process.
+        """The replica's SimPy process, fed from its own sorted ``requests``.
 
         The replica keeps its own clock, set to exactly the time stepping reaches (start +
         step seconds, or an arrival or wake time), and only asks SimPy to wait until then:
@@ -90,61 +124,139 @@ class Replica:
         """
         reqs = self.requests
         self.clock = env.now
+        self.accepting = False  # its own list is all that will arrive
         while True:
-            now = self.clock
-            if self.horizon_s is not None and now >= self.horizon_s:
+            flight = self.flight
+            if flight is not None:
+                yield from self._wait_until(env, flight.end_s)
+                self._land(self._next_arrival())
+                continue
+            wake = self._begin()
+            if self.flight is not None:
+                continue
+            if wake is None:
                 return
-            if self.deadline is not None and time.perf_counter() > self.deadline:
-                return  # wall-clock budget spent: the run ends here, marked partial
-            self._take_arrivals(now)
-            if not (self.waiting or self.preempted or self.running):
-                if self.next_index >= len(reqs):
-                    return
-                yield from self._wait_until(env, reqs[self.next_index].arrival_s)
-                continue
-            view = self._view(now)
-            plan = self.policy.schedule(view)
-            validate_plan(self, plan, view)
-            for sid, reason in plan.reject.items():
-                self._reject(self._pop_waiting(sid), now, reason)
-            if not plan.run:
-                wake = self._idle_until(plan, now)
-                if wake is None:
-                    return
-                yield from self._wait_until(env, wake)
-                continue
-            self._swap_s = self._swap_bytes = 0.0
-            for sid in plan.preempt:
-                self._preempt(self.running.pop(sid), now)
-            shape, num_prefill, num_decode, recomputed = self._launch(plan, now)
-            step = self.cost.step(shape)
-            swap_s, swap_bytes = self._swap_s, self._swap_bytes
-            # x + 0.0 == x exactly, so a step without transfers ends at now + step.seconds.
-            yield from self._wait_until(env, now + (step.seconds + swap_s))
-            self._commit(plan, now, self.clock, step, shape, num_prefill, num_decode,
-                         recomputed, swap_s, swap_bytes)
-            if plan.steady and self.skip:
-                skip = plan_skip(self, plan, shape, self.clock)
-                if skip is not None:
-                    yield from self._wait_until(env, float(skip[1][-1]))
-                    commit_skip(self, plan, *skip)
+            if self.next_index < len(reqs):
+                wake = min(wake, reqs[self.next_index].arrival_s)
+            yield from self._wait_until(env, wake)
+            self.idle = False
 
     def _wait_until(self, env: simpy.Environment, t: float):  # noqa: ANN202 - generator
         """Let SimPy run until ``t``, then set the replica's clock to exactly ``t``."""
         yield env.timeout(max(0.0, t - env.now))
         self.clock = t
 
+    def _next_arrival(self) -> float:
+        """Arrival time of the next request of the replica's own list (inf when none)."""
+        reqs = self.requests
+        return reqs[self.next_index].arrival_s if self.next_index < len(reqs) else math.inf
+
+    # -- the driven form (``sim.engine.drive``) -----------------------------------------------
+    def advance_until(self, t: float) -> None:
+        """Run steps until the clock reaches ``t`` or nothing is left (``sim.engine.drive``)."""
+        advance_until(self, t)
+
+    def admit(self, request: Request) -> None:
+        """Hand ``request`` to the replica at the time it was advanced to."""
+        admit(self, request)
+
+    def close(self) -> None:
+        """No more admissions will come: policies see ``more_arrivals=False`` from now."""
+        self.accepting = False
+
+    def state(self) -> ReplicaState:
+        """The replica now, as a frozen ``ReplicaState``."""
+        return replica_state(self)
+
+    # -- the core: one scheduling point, one landing ----------------------------------------
+    def _begin(self) -> float | None:
+        """At the scheduling point ``self.clock``: take the arrivals, plan, and launch a step
+        (``self.flight``) or go idle. Returns when to plan again if idle (``inf``: at the next
+        arrival or admission), ``None`` when the replica is done (horizon, wall-clock budget,
+        or nothing left and no arrivals to come)."""
+        now = self.clock
+        if self.horizon_s is not None and now >= self.horizon_s:
+            self.done = True
+            return None
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.done = True  # wall-clock budget spent: the run ends here, marked partial
+            return None
+        if self.next_index < len(self.requests):
+            self._take_arrivals(now)
+        if self.pending:
+            self._take_pending(now)
+        if not (self.waiting or self.preempted or self.running):
+            if self._more_arrivals():
+                self.idle, self.wake_s = True, math.inf
+                return math.inf
+            self.done = True
+            return None
+        view = self._view(now)
+        plan = self.policy.schedule(view)
+        validate_plan(self, plan, view)
+        for sid, reason in plan.reject.items():
+            self._reject(self._pop_waiting(sid), now, reason)
+        if not plan.run:
+            wake = self._idle_until(plan, now)
+            if wake is None:
+                self.done = True
+                return None
+            self.idle, self.wake_s = True, wake
+            return wake
+        self._swap_s = self._swap_bytes = 0.0
+        for sid in plan.preempt:
+            self._preempt(self.running.pop(sid), now)
+        shape, num_prefill, num_decode, recomputed = self._launch(plan, now)
+        step = self.cost.step(shape)
+        swap_s, swap_bytes = self._swap_s, self._swap_bytes
+        # x + 0.0 == x exactly, so a step without transfers ends at now + step.seconds.
+        self.flight = Flight(plan, now, now + (step.seconds + swap_s),
+                             (step, shape, num_prefill, num_decode, recomputed, swap_s,
+                              swap_bytes))
+        return self.flight.end_s
+
+    def _land(self, limit: float) -> None:
+        """The flight has ended (``self.clock`` is its end): commit it. A steady step may
+        launch a skipped stretch (a new flight) that ends at the first step ending at or after
+        ``limit`` (the next arrival, or the time the replica is advanced to)."""
+        flight = self.flight
+        assert flight is not None
+        self.flight = None
+        plan, end = flight.plan, self.clock
+        if flight.step is None:
+            commit_skip(self, plan, *flight.skip)
+            return
+        self._commit(plan, flight.start_s, end, *flight.step)
+        if plan.steady and self.skip and not self.pending:  # admitted requests: plan now
+            skip = plan_skip(self, plan, flight.step[1], end, limit)  # (series, ends, ...)
+            if skip is not None:
+                self.flight = Flight(plan, end, float(skip[1][-1]), None, skip)
+
+    def _more_arrivals(self) -> bool:
+        """Can more requests still reach this replica (policies see it as ``more_arrivals``)?"""
+        return self.next_index < len(self.requests) or self.accepting
+
     def _take_arrivals(self, now: float) -> None:
+        """Take the requests of the replica's own list that have arrived by ``now``."""
         reqs, i, n = self.requests, self.next_index, len(self.requests)
         while i < n and reqs[i].arrival_s <= now:
-            seq = self.seqs[reqs[i].id]
-            reason = self._never_fits(seq)
-            if reason:
-                self._reject(seq, now, reason)
-            else:
-                self.waiting[seq.req.id] = seq
+            self._enter(self.seqs[reqs[i].id], now)
             i += 1
         self.next_index = i
+
+    def _take_pending(self, now: float) -> None:
+        """Take the admitted requests (``admit``) at the first scheduling point after."""
+        pending, self.pending = self.pending, []
+        for seq in pending:
+            self._enter(seq, now)
+
+    def _enter(self, seq: Seq, now: float) -> None:
+        """A request reaches the waiting queue, or is rejected if it can never fit."""
+        reason = self._never_fits(seq)
+        if reason:
+            self._reject(seq, now, reason)
+        else:
+            self.waiting[seq.req.id] = seq
 
     def _never_fits(self, seq: Seq) -> str:
         """Why a request can never be served by this replica's KV cache ('' if it can)."""
@@ -161,18 +273,14 @@ class Replica:
         waiting = tuple(s.view() for s in reversed(self.preempted.values()))
         waiting += tuple(s.view() for s in self.waiting.values())
         running = tuple(s.view() for s in self.running.values())
-        more = self.next_index < len(self.requests)
-        return View(now, waiting, running, pool.view(), more)
+        return View(now, waiting, running, pool.view(), self._more_arrivals())
 
     def _idle_until(self, plan: Plan, now: float) -> float | None:
         """When an empty plan should be asked again; ``None`` ends the replica."""
-        candidates = []
-        if self.next_index < len(self.requests):
-            candidates.append(self.requests[self.next_index].arrival_s)
         if plan.wake_at_s is not None:
-            candidates.append(plan.wake_at_s)
-        if candidates:
-            return min(candidates)
+            return plan.wake_at_s
+        if self._more_arrivals():
+            return math.inf  # until the next arrival
         if self.waiting or self.preempted or self.running:
             raise EngineError(
                 f"policy {self.policy.name!r} stalled at t={now:.6f}s: empty plan, no wake_at_s,"
@@ -188,6 +296,8 @@ class Replica:
     def _reject(self, seq: Seq, now: float, reason: str) -> None:
         self.pool.release(seq)
         seq.reject(now, reason)
+        if self.listener is not None:
+            self.listener(ReplicaEvent("rejected", seq.req.id, self.index, now))
 
     def _preempt(self, seq: Seq, now: float) -> None:
         """Recompute or swap ``seq`` out; past ``kv.max_preemptions`` reject it instead."""
@@ -282,6 +392,8 @@ class Replica:
                     add_irregular(end, itl, 1, self.index)
             if cache is not None and seq.num_computed - n < seq.req.num_prompt_tokens:
                 pool.register(seq, seq.req.num_prompt_tokens)  # computed prompt tokens
+        if self.listener is not None:
+            emit_first_tokens(self, plan.run, end)
         live, cached = self.live_tokens(), pool.cached
         settle = self.settle
         for sid in plan.run:
@@ -301,6 +413,8 @@ class Replica:
             self.pool.register(seq, seq.num_computed)
             self.pool.release(seq)
             del self.running[seq.req.id]
+            if self.listener is not None:
+                self.listener(ReplicaEvent("finish", seq.req.id, self.index, end))
         elif (seq.num_computed >= self.pool.config.capacity_tokens
               and seq.num_uncomputed == 1 and self._never_grows(seq)):
             del self.running[seq.req.id]

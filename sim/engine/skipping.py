@@ -25,11 +25,13 @@ if TYPE_CHECKING:
 MAX_SKIP_STEPS = 2048
 
 
-def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float) -> tuple | None:
+def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arrival: float
+              ) -> tuple | None:
     """How many more steps a steady decode plan runs unchanged, with their costs.
 
     Stops at the first of: a scheduled request finishing, KV growth needing more blocks than
-    policies see free, the step at whose end the next request has arrived, the horizon.
+    policies see free, the step at whose end ``next_arrival`` has come (the next request, or
+    the time a driven replica is advanced to), the horizon.
     Returns ``(series, ends, computed, held, now)`` or ``None`` when there is nothing to skip.
     """
     running = rep.running
@@ -39,8 +41,6 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float) -> tuple 
         if seq is None or seq.req.num_prompt_tokens + seq.num_generated - seq.num_computed != 1:
             return None
         seqs.append(seq)
-    reqs = rep.requests
-    next_arrival = reqs[rep.next_index].arrival_s if rep.next_index < len(reqs) else math.inf
     if next_arrival <= now or (rep.horizon_s is not None and now >= rep.horizon_s):
         return None  # stepping would stop here to take the arrival, or end at the horizon
     k = min(MAX_SKIP_STEPS, min(s.req.num_output_tokens - s.num_generated for s in seqs))

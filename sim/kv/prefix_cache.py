@@ -37,6 +37,10 @@ class PrefixCache:
         chain = self._chains.get(prefix_id)
         return len(chain) if chain else 0
 
+    def cached_blocks(self) -> dict[str, int]:
+        """Blocks cached now per ``prefix_id`` (chains holding at least one block)."""
+        return {pid: len(chain) for pid, chain in self._chains.items() if chain}
+
     def _touch(self, prefix_id: str, chain: list[int]) -> None:
         """Mark a chain as just used; keep it in the LRU only while it has a free tail."""
         if chain and chain[-1] == 0:

@@ -1,0 +1,145 @@
+"""Driving a replica from outside: ``advance_until``, ``admit``, ``state`` and events out.
+
+A cluster (replicas sharing one clock, a router deciding where each request goes) cannot use
+a replica that pulls its arrivals from a list it owns. The replica core (``sim.engine.replica``)
+therefore works in two moves — *begin* (plan and launch a step at a scheduling point) and
+*land* (commit it at its end) — and can be driven in two ways that give the same results:
+
+- ``Replica.process(env)``: the SimPy process ``sim.simulate`` runs, fed from the replica's
+  own arrival list;
+- ``advance_until(t)`` / ``admit(request)`` / ``close()``: a driver owns the clock and the
+  arrivals. Advancing to each arrival time, admitting the request and advancing on gives
+  tables identical to ``sim.simulate`` (tests/test_drive.py).
+
+What ``advance_until(t)`` does, exactly:
+
+- every step that ends at or before ``t`` is committed at its end; a step that **straddles**
+  ``t`` (starts before, ends after) stays *in flight*: ``state()`` shows its requests running
+  and its tokens are committed when a later ``advance_until`` passes its end, as on a GPU;
+- a plan is made only at scheduling points strictly before ``t``: a request admitted at
+  ``t`` is therefore seen by the plan made at ``t`` (or at the end of the straddling step),
+  the engine's same-time rule;
+- an idle replica (nothing to run, or a policy waiting for ``wake_at_s``) moves its clock to
+  ``t``; a wake time before ``t`` is honoured on the way;
+- skipping (``sim.engine.skipping``) stops at the first step ending at or after ``t``.
+
+``admit(request)`` puts a request in the replica's arrival buffer at the current time; it
+joins the waiting queue (or is rejected if it can never fit) at the next scheduling point.
+Policies see ``more_arrivals=True`` until ``close()`` says nothing more will come.
+``state()`` is a frozen ``ReplicaState``; ``listener`` receives ``ReplicaEvent`` values.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sim.core.state import Seq
+from sim.core.types import Request
+
+if TYPE_CHECKING:
+    from sim.engine.replica import Replica
+
+#: Kinds of ``ReplicaEvent``: the step that computed a prompt's last token also samples the
+#: first output token, so ``prefill_done`` and ``first_token`` come together (once per request:
+#: a recompute after preemption does not repeat them).
+EVENT_KINDS = ("prefill_done", "first_token", "finish", "rejected")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaEvent:
+    """Something that happened to one request on one replica, at ``time_s``."""
+
+    kind: str
+    request_id: int
+    replica: int
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """A replica at one moment, as a router may read it.
+
+    ``num_waiting`` counts queued requests (preempted and admitted-not-yet-planned included),
+    ``num_running`` those holding a batch slot (the step in flight included).
+    ``num_prefill_tokens``: prompt or recompute tokens still to compute before the next token
+    of every unfinished request. ``num_decode_tokens``: output tokens still to generate — the
+    engine's knowledge of true output lengths, an oracle signal a real router does not have.
+    ``cached_prefixes`` maps a ``prefix_id`` to its blocks in the prefix cache.
+    """
+
+    clock_s: float
+    num_waiting: int
+    num_running: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+    cached_prefixes: tuple[tuple[str, int], ...]
+    step_end_s: float | None  # end of the step in flight (None: idle)
+
+
+def advance_until(rep: Replica, t: float) -> None:
+    """Run ``rep`` until its clock reaches ``t`` or nothing is left (see the module doc)."""
+    if t < rep.advanced_s:
+        raise ValueError(f"replica {rep.index}: cannot go back from t={rep.advanced_s} to {t}")
+    while not rep.done:
+        flight = rep.flight
+        if flight is not None:
+            if flight.end_s > t:
+                break  # straddles t: still in flight
+            rep.clock = flight.end_s
+            rep._land(t)
+            continue
+        if rep.idle:
+            if rep.wake_s >= t:
+                break
+            rep.clock, rep.idle = rep.wake_s, False
+        elif rep.clock >= t:
+            break  # a scheduling point at t: admissions at t come first
+        rep._begin()
+    rep.advanced_s = max(rep.advanced_s, t)
+
+
+def admit(rep: Replica, request: Request) -> None:
+    """Hand ``request`` to ``rep`` at the time it was advanced to."""
+    seq = Seq(request, rep.index)
+    rep.seqs[request.id] = seq
+    rep.pending.append(seq)
+    if rep.flight is None and rep.advanced_s > rep.clock:
+        rep.clock = rep.advanced_s  # an idle replica plans again when a request comes
+    if rep.flight is None:
+        rep.idle = False
+
+
+def replica_state(rep: Replica) -> ReplicaState:
+    """The frozen ``ReplicaState`` of ``rep`` now."""
+    queued = [*rep.preempted.values(), *rep.waiting.values(), *rep.pending]
+    prefill = decode = 0
+    for seq in (*queued, *rep.running.values()):
+        left = seq.num_uncomputed
+        if left > 1 or seq.num_generated == 0:
+            prefill += left
+        decode += seq.req.num_output_tokens - seq.num_generated
+    pool = rep.pool
+    cached = tuple(sorted(pool.cache.cached_blocks().items())) if pool.cache else ()
+    cfg = pool.config
+    flight = rep.flight
+    return ReplicaState(max(rep.clock, rep.advanced_s), len(queued), len(rep.running), prefill,
+                        decode, pool.used, 0 if cfg.unlimited else cfg.num_blocks, cached,
+                        None if flight is None else flight.end_s)
+
+
+def emit_first_tokens(rep: Replica, run: Mapping[int, int], end: float) -> None:
+    """Events of the requests whose first token the step ending at ``end`` sampled."""
+    listener = rep.listener
+    assert listener is not None
+    for sid in run:
+        seq = rep.running[sid]
+        if seq.num_generated == 1 and seq.first_token_s == end:
+            listener(ReplicaEvent("prefill_done", sid, rep.index, end))
+            listener(ReplicaEvent("first_token", sid, rep.index, end))
+
+
+__all__ = ["EVENT_KINDS", "ReplicaEvent", "ReplicaState", "admit", "advance_until",
+           "emit_first_tokens", "replica_state"]
