@@ -1,9 +1,9 @@
 """The import contract: sim/ is layered, and every module imports only from its layer or below.
 
 Layers, lowest first: ``core`` (values, state, errors) → ``cost``, ``kv``, ``workload``,
-``metrics`` → ``engine`` → ``experiments`` → ``report`` → the API façade (``sim/__init__.py``,
-``sim/api.py``) and ``cli``. ``policies`` and ``routers`` are plugin packages: they import only
-``sim.core``, and only the engine layer and above import them.
+``metrics`` → ``engine`` → ``cluster`` → ``experiments`` → ``report`` → the API façade
+(``sim/__init__.py``, ``sim/api.py``) and ``cli``. ``policies`` and ``routers`` are plugin
+packages: they import only ``sim.core``, and only the engine layer and above import them.
 No module imports another module's private (underscore) names. Function-level and
 ``TYPE_CHECKING`` imports count too: a lazy import is still a dependency.
 """
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: Each layer's rank; a module may import from layers of equal or lower rank.
 LAYERS = {"core": 0, "cost": 1, "kv": 2, "workload": 3, "metrics": 4, "engine": 5,
-          "experiments": 6, "report": 7, "api": 8, "cli": 9}
+          "cluster": 6, "experiments": 7, "report": 8, "api": 9, "cli": 10}
 #: What the plugin packages may import from ``sim``.
 POLICIES_MAY_IMPORT = ("sim.core",)
 #: Top-level plugin packages (each imports only ``POLICIES_MAY_IMPORT`` and itself).

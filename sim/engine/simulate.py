@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, cast
@@ -28,7 +28,7 @@ from sim.cost.base import CostModel
 from sim.engine import fastkernel
 from sim.engine.fastpath import FastResult, fast_path_blocker, run_continuous
 from sim.engine.inputs import check_run_limits, request_columns
-from sim.engine.replica import Replica
+from sim.engine.replica import EngineError, Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
 from sim.metrics.summary import (
     StepLog,
@@ -39,6 +39,9 @@ from sim.metrics.summary import (
 )
 
 _ARRIVAL_ORDER = attrgetter("arrival_s", "id")
+
+#: Feeds requests (in arrival order) to replicas that own no arrivals (``simulate(driver=)``).
+ReplicaDriver = Callable[[list[Request], list[Replica]], None]
 
 
 @dataclass
@@ -58,6 +61,10 @@ class SimResult:
     kv: KVConfig | None = None
     #: The engine overhead profile the cost model applied (``"none"``: an analytic model).
     engine_profile: str = "none"
+    #: Per-replica summary of a routed run (``sim.cluster``), else ``None``.
+    replicas: pd.DataFrame | None = None
+    #: The routing decisions of a routed run (``sim.cluster.routed.RoutingLog``), else ``None``.
+    routing: Any = None
 
     @property
     def irregular_itl(self) -> list[float]:
@@ -73,8 +80,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
              slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
              checks: bool = False, event_skipping: bool = True,
              wall_clock_s: float | None = None,
-             max_model_len: int | None | str = "model", fast_path: bool | str = True
-             ) -> SimResult:
+             max_model_len: int | None | str = "model", fast_path: bool | str = True,
+             driver: ReplicaDriver | None = None) -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
 
     ``requests`` may also be columnar (``TraceArrays``, what ``sim.workload.build`` builds; ids are
@@ -99,6 +106,11 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose one of the two whatever
     the size (``"compiled"`` falls back to interpreted where the kernel does not apply). All give
     the same results, bit for bit.
+
+    ``driver`` (for layers above the engine, e.g. ``sim.cluster``) takes over the replicas: it is
+    called with the requests in arrival order and replicas that own no arrivals, and feeds
+    them through ``Replica.advance_until`` / ``admit`` / ``close``. Such a run always takes the
+    general engine.
     """
     if fast_path not in _FAST_PATH_CHOICES:
         raise InputError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
@@ -114,8 +126,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     policies = [make_policy(policy if k == 0 or not isinstance(policy, Policy)
                             else copy.deepcopy(policy)) for k in range(num_replicas)]
     deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
-    if fast_path and not fast_path_blocker(policies[0], kv_config, cost, checks=checks,
-                                           event_skipping=event_skipping):
+    if driver is None and fast_path and not fast_path_blocker(
+            policies[0], kv_config, cost, checks=checks, event_skipping=event_skipping):
         # replicas never interact: each runs alone on its round-robin share
         if cols["id"].dtype == object:
             raise InputError("must all be integers on the fast path", field="requests[].id")
@@ -132,7 +144,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         logs = [StepLog()]
         table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
                             horizon_s=horizon_s, event_skipping=event_skipping,
-                            max_model_len=limit, deadline=deadline)
+                            max_model_len=limit, deadline=deadline, driver=driver)
     if len(logs) == 1:
         steps = logs[0].table()
     else:  # an idle replica's empty table would turn the integer columns into floats
@@ -185,9 +197,21 @@ def _run_fast(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Po
 
 def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv: KVConfig,
                 log: StepLog, *, checks: bool, horizon_s: float | None, event_skipping: bool,
-                max_model_len: int | None, deadline: float | None) -> pd.DataFrame:
-    """Run the general engine (one SimPy process per replica); return the request table."""
+                max_model_len: int | None, deadline: float | None,
+                driver: ReplicaDriver | None = None) -> pd.DataFrame:
+    """Run the general engine (one SimPy process per replica, or the replicas handed to
+    ``driver``); return the request table."""
     num_replicas = len(policies)
+    if driver is not None:
+        seqs: dict[int, Seq] = {}
+        reps = [Replica(k, (), policies[k], cost, kv, log, seqs, checks=checks,
+                        horizon_s=horizon_s, skip=event_skipping, max_model_len=max_model_len,
+                        deadline=deadline) for k in range(num_replicas)]
+        driver(reqs, reps)
+        missing = len(reqs) - len(seqs)
+        if missing:
+            raise EngineError(f"the replica driver admitted {len(seqs)} of {len(reqs)} requests")
+        return request_table(sorted(seqs.values(), key=lambda s: s.req.id))
     seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
     env = simpy.Environment()
     for k in range(num_replicas):

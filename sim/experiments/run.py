@@ -46,6 +46,7 @@ VOLATILE = ("wall_s",)
 def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
     """Build every run's policy, cost model, KV and workload once, before anything runs."""
     from policies import make_policy
+    from routers import make_router
     from sim.kv.config import resolve_kv
 
     seen: set[str] = set()
@@ -53,6 +54,8 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
         cfg = spec.config
         try:
             make_policy(cfg["policy"])
+            if cfg.get("router") is not None:
+                make_router(cfg["router"])
             try:
                 cost = build_cost(cfg)
             except InputError as e:

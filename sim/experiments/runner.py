@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sim.cluster.simulate import simulate
 from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.core.version import __version__
 from sim.cost.base import ConstantCost, CostModel, LinearCost
-from sim.engine.simulate import SimResult, simulate
+from sim.engine.simulate import SimResult
 from sim.experiments.results import atomic_write, write_json, write_table, write_text
 
 
@@ -77,6 +78,7 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
     slos = {k: v for k, v in config["slos"].items() if v is not None}
     return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
                         seed=config["seed"], num_replicas=config["parallelism"]["replicas"],
+                        router=config.get("router"),
                         warmup_s=config["metrics"]["warmup_s"],
                         cooldown_s=config["metrics"]["cooldown_s"], slos=slos or None,
                         horizon_s=config["limits"]["horizon_s"],

@@ -25,9 +25,11 @@ SCHEMA: dict[str, Any] = {
     "parallelism": {
         "tp": Key(INT, 1, "Tensor-parallel degree (GPUs per replica).", minimum=1,
                   maximum=64),
-        "replicas": Key(INT, 1, "Model replicas; requests are routed round-robin.", minimum=1,
+        "replicas": Key(INT, 1, "Model replicas, behind `router`.", minimum=1,
                         maximum=4096),
     },
+    "router": Key(MAP + STR + (OPT,), None, "Which replica each request joins: {name: ..., "
+                  "params...} (see docs/routing.md); default round robin by arrival order."),
     "cost": {
         "kind": Key(STR, "roofline", "Cost model.", choices=("roofline", "constant", "linear")),
         "step_s": Key(NUM + (OPT,), None, "constant: seconds per step.", "s", 0, True),
