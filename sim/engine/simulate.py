@@ -65,6 +65,8 @@ class SimResult:
     replicas: pd.DataFrame | None = None
     #: The routing decisions of a routed run (``sim.cluster.routed.RoutingLog``), else ``None``.
     routing: Any = None
+    #: One summary row per group of a heterogeneous cluster (``sim.cluster``), else ``None``.
+    groups: pd.DataFrame | None = None
 
     @property
     def irregular_itl(self) -> list[float]:

@@ -143,7 +143,7 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
 def _check_path(path: str) -> None:
     """Reject an override or sweep key that the schema cannot hold."""
     head = path.split(".")[0]
-    if head in ("workload", "policy", "router", "sweep", "zip"):
+    if head in ("workload", "policy", "router", "cluster", "sweep", "zip"):
         return
     if lookup(path) is None:
         parent = path.rsplit(".", 1)[0] if "." in path else ""

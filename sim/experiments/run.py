@@ -24,6 +24,7 @@ from sim.experiments.results import TEMP_GLOB, is_temp_file, read_json, write_te
 from sim.experiments.runner import (
     build_cost,
     build_requests,
+    cluster_args,
     engine_profile_of,
     execute_run,
     kv_spec,
@@ -47,6 +48,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
     """Build every run's policy, cost model, KV and workload once, before anything runs."""
     from policies import make_policy
     from routers import make_router
+    from sim.cluster.groups import parse_groups
     from sim.kv.config import resolve_kv
 
     seen: set[str] = set()
@@ -56,6 +58,10 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
             make_policy(cfg["policy"])
             if cfg.get("router") is not None:
                 make_router(cfg["router"])
+            if cfg.get("cluster") is not None:
+                args = cluster_args(cfg)
+                parse_groups(args["cluster"], policy=cfg["policy"], kv=kv_spec(cfg), cost=None,
+                             cost_keys=args["cost_keys"])
             try:
                 cost = build_cost(cfg)
             except InputError as e:

@@ -53,6 +53,21 @@ def engine_profile_of(config: dict[str, Any]) -> str:
     return str(config["engine"]) if config["cost"]["kind"] == "roofline" else "none"
 
 
+def cluster_args(config: dict[str, Any]) -> dict[str, Any]:
+    """``simulate``'s ``cluster`` arguments of a run config (none without a ``cluster`` block):
+    the block, and the experiment's cost keys that its groups default to."""
+    if config.get("cluster") is None:
+        return {}
+    c = config["cost"]
+    if c["kind"] != "roofline":
+        raise InputError("a cluster needs the roofline cost model (each group names its GPU)",
+                         field="cluster")
+    keys = {"model": config["model"], "hardware": config["hardware"],
+            "tp": config["parallelism"]["tp"], "engine": config["engine"],
+            "weight_dtype": c["weight_dtype"], "kv_dtype": c["kv_dtype"]}
+    return {"cluster": config["cluster"], "cost_keys": keys}
+
+
 def kv_spec(config: dict[str, Any]) -> dict[str, Any] | None:
     """The ``kv`` argument of ``simulate`` (``None`` = unlimited)."""
     kv = dict(config["kv"])
@@ -78,7 +93,7 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
     slos = {k: v for k, v in config["slos"].items() if v is not None}
     return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
                         seed=config["seed"], num_replicas=config["parallelism"]["replicas"],
-                        router=config.get("router"),
+                        router=config.get("router"), **cluster_args(config),
                         warmup_s=config["metrics"]["warmup_s"],
                         cooldown_s=config["metrics"]["cooldown_s"], slos=slos or None,
                         horizon_s=config["limits"]["horizon_s"],
@@ -106,6 +121,9 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str) -> d
     meta = {"version": __version__, "config_hash": rid, "seed": config["seed"]}
     write_table(folder / "requests", res.requests, meta)
     write_table(folder / "steps", res.steps, meta)
+    for name, extra in (("replicas", res.replicas), ("groups", res.groups)):
+        if extra is not None:  # routed runs: one row per replica, and per group of a cluster
+            write_table(folder / name, extra, meta)
     gaps, counts = res.irregular_itl_runs  # one row per run: (gap seconds, tokens)
     itl = np.column_stack([np.asarray(gaps, dtype=float), np.asarray(counts, dtype=float)])
 

@@ -28,6 +28,10 @@ SCHEMA: dict[str, Any] = {
         "replicas": Key(INT, 1, "Model replicas, behind `router`.", minimum=1,
                         maximum=4096),
     },
+    "cluster": Key(MAP + (OPT,), None, "Heterogeneous deployment: {groups: [{name, replicas, "
+                   "hardware, tp, engine, policy, kv, weight}, ...]}; a key a group leaves out "
+                   "takes the experiment's (see docs/routing.md). Replaces "
+                   "parallelism.replicas."),
     "router": Key(MAP + STR + (OPT,), None, "Which replica each request joins: {name: ..., "
                   "params...} (see docs/routing.md); default round robin by arrival order."),
     "cost": {
