@@ -214,3 +214,37 @@ def test_a_bad_router_is_one_input_error_from_python_and_yaml(tmp_path) -> None:
                    "output_tokens: 2}}\nrouter: {name: power_of_two, choices: 0}\n")
     with pytest.raises(sim.InputError, match=r"exp\.yaml: router\.choices: must be >= 1"):
         sim.run_experiment(str(exp), out=str(tmp_path / "out"))
+
+
+ROUTED_EXPERIMENT = """\
+name: routed
+seed: 5
+cost: {kind: linear, base_s: 0.004, per_token_s: 2.0e-5}
+parallelism: {replicas: 3}
+kv: {num_blocks: 200, block_size: 16}
+workload:
+  arrival: {process: gamma, rate: 80, cv: 2.0}
+  num_requests: 90
+  prompt_tokens: {dist: lognormal, median: 60, sigma: 0.9, max: 600}
+  output_tokens: {dist: exponential, mean: 12, max: 80}
+policy: {name: chunked_prefill, token_budget: 128, max_num_seqs: 8}
+sweep:
+  router.name: [power_of_two, random]
+output: {plots: false}
+"""
+
+
+@pytest.mark.parametrize("mode", ["jobs", "dask"])
+def test_routed_runs_are_identical_across_processes_jobs_and_dask(tmp_path, mode) -> None:
+    exp = tmp_path / "routed.yaml"
+    exp.write_text(ROUTED_EXPERIMENT)
+    sim.run_experiment(str(exp), out=str(tmp_path / "one"))
+    if mode == "dask":
+        pytest.importorskip("dask.distributed")
+        sim.run_experiment(str(exp), out=str(tmp_path / "two"), executor="dask")
+    else:
+        sim.run_experiment(str(exp), out=str(tmp_path / "two"), jobs=2)
+    one, two = ((tmp_path / d / "summary.csv").read_text() for d in ("one", "two"))
+    assert one == two
+    summary = pd.read_csv(tmp_path / "one" / "summary.csv")
+    assert list(summary["router"]) == ["power_of_two", "random"]
