@@ -248,3 +248,21 @@ def test_routed_runs_are_identical_across_processes_jobs_and_dask(tmp_path, mode
     assert one == two
     summary = pd.read_csv(tmp_path / "one" / "summary.csv")
     assert list(summary["router"]) == ["power_of_two", "random"]
+
+
+def test_routing_decisions_appear_in_the_perfetto_export(tmp_path) -> None:
+    import json
+
+    from sim.report.trace_export import export_chrome_trace
+
+    arrivals = np.array([0.0, 0.001, 0.002, 0.003])
+    res = single_servers(arrivals, 2, "least_outstanding_requests")
+    path = export_chrome_trace(res.steps, tmp_path / "trace.json", res.requests)
+    events = json.loads(path.read_text())["traceEvents"]
+    routed = [e for e in events if e.get("cat") == "routing"]
+    assert [e["args"]["replica"] for e in routed] == res.requests["replica"].tolist()
+    assert [e["ts"] for e in routed] == [0.0, 1000.0, 2000.0, 3000.0]
+    single = single_servers(arrivals, 1, "least_outstanding_requests")
+    events = json.loads(export_chrome_trace(single.steps, tmp_path / "one.json",
+                                            single.requests).read_text())["traceEvents"]
+    assert not [e for e in events if e.get("cat") == "routing"]
