@@ -89,11 +89,14 @@ class Seq:
             self._view = v
         return v
 
-    def offer_hit(self, num_tokens: int) -> None:
-        """Show a waiting request's cached prompt tokens to the next plan (not held yet)."""
+    def offer_hit(self, num_tokens: int) -> bool:
+        """Show a waiting request's cached prompt tokens to the next plan (not held yet);
+        True when that changes its view."""
         if num_tokens != self.hit_tokens:
             self.hit_tokens = num_tokens
             self._view = None
+            return True
+        return False
 
     def take_hit(self) -> None:
         """The offered cached tokens are now held: they count as computed."""

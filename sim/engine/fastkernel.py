@@ -40,7 +40,9 @@ from sim.engine.fastpath import (
     arrival_rejections,
 )
 from sim.engine.validate import EngineError
-from sim.metrics.summary import StepLog
+from sim.metrics.steplog import FLOAT_COLUMNS as STEP_FLOATS
+from sim.metrics.steplog import StepLog
+from sim.metrics.stream import AUTO_MAX_STEPS
 
 #: Runs with fewer requests stay on the interpreted fast path: importing numba and loading the
 #: cached kernel costs about a second, more than such a run takes.
@@ -176,7 +178,12 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
                 arrival, prompt, out, rejected_on_arrival, ints, floats, decode_table,
                 dense_table, dense_known, res_f, res_i, work, queues, groups_f, groups_i, heaps,
                 gaps_i, gaps_f, residues, log_i, log_f, log_b, irr, irr_count, state_i, state_f)
-            if code == loop.LOG_FULL:  # grow in place (realloc: no second copy)
+            if code == loop.LOG_FULL and log.stream is not None and (
+                    log.always_fold or len(log_i) >= AUTO_MAX_STEPS):
+                # a bucketed step table: fold the rows and reuse the buffer
+                _fold_rows(log, log_i, log_f, int(state_i[13]), replica, arrival, res_f, res_i)
+                state_i[13] = 0
+            elif code == loop.LOG_FULL:  # grow in place (realloc: no second copy)
                 rows = max(2 * len(log_i), 64)
                 log_i.resize((rows, log_i.shape[1]), refcheck=False)
                 log_f.resize((rows, log_f.shape[1]), refcheck=False)
@@ -201,6 +208,9 @@ def run_continuous_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.nda
     log_b.resize(steps, refcheck=False)
     irr.resize((irregular_rows, 2), refcheck=False)
     irr_count.resize(irregular_rows, refcheck=False)
+    if log.bucketed:
+        _fold_rows(log, log_i, log_f, steps, replica, arrival, res_f, res_i)
+        log_i, log_f, log_b = log_i[:0], log_f[:0], log_b[:0]  # nothing left to hand over
     _fill_log(log, log_i, log_f, log_b, irr, irr_count, replica)
     result = FastResult(0)
     result.first_scheduled_s, result.first_token_s, result.finish_s, result.max_itl_s = \
@@ -230,6 +240,21 @@ def _reasons(loop: Any, res_i: np.ndarray, prompt: np.ndarray, arrival_reason: d
         else:
             reason[i] = "context outgrew the KV cache"
     return reason
+
+
+def _fold_rows(log: StepLog, log_i: np.ndarray, log_f: np.ndarray, n: int, replica: int,
+               arrival: np.ndarray, res_f: np.ndarray, res_i: np.ndarray) -> None:
+    """Fold the kernel's first ``n`` step rows into the log's ``StepStream`` (status code 2:
+    finished, so the stream knows how far its measurement window reaches)."""
+    stream = log.stream
+    assert stream is not None
+    stream.finished_all(arrival, res_f[2], res_i[2] == 2)
+    data = {name: log_i[:n, i] for i, name in enumerate(INT_COLUMNS)}
+    data.update({name: log_f[:n, i] for i, name in enumerate(FLOAT_COLUMNS)})
+    for name in ZERO_COLUMNS:
+        data[name] = np.zeros(n, dtype=np.float64 if name in STEP_FLOATS else np.int64)
+    data["replica"] = np.full(n, replica, dtype=np.int64)
+    stream.fold(data)
 
 
 def _fill_log(log: StepLog, step_ints: np.ndarray, step_floats: np.ndarray,

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+import numpy as np
 import simpy
 
 from policies.registry import Policy
 from sim.core.state import Seq
-from sim.core.types import BatchShape, Plan, Request, View
+from sim.core.types import BatchShape, Plan, Request, SeqView, View
 from sim.cost.base import CostModel
 from sim.engine.drive import (
     ReplicaEvent,
@@ -47,6 +48,7 @@ from sim.metrics.summary import StepLog
 __all__ = ["MAX_SKIP_STEPS", "EngineError", "Replica", "never_fits"]
 
 _COMPUTED = attrgetter("num_computed")
+_SEQ_VIEW = Seq.view
 
 
 def never_fits(cfg: KVConfig, max_model_len: int | None, prompt: int, output: int) -> str:
@@ -110,6 +112,7 @@ class Replica:
         # Built without a request list, it is driven from outside: more may come until ``close``.
         self.accepting = not requests
         self.advanced_s = 0.0  # the time the replica was advanced to (driven form)
+        self._queue_views: tuple[SeqView, ...] | None = None  # ``View.waiting``, kept
         #: Receives a ``ReplicaEvent`` at each first token, prefill end, finish and rejection.
         self.listener: Callable[[Any], None] | None = None
 
@@ -257,6 +260,7 @@ class Replica:
             self._reject(seq, now, reason)
         else:
             self.waiting[seq.req.id] = seq
+            self._queue_views = None
 
     def _never_fits(self, seq: Seq) -> str:
         """Why a request can never be served by this replica's KV cache ('' if it can)."""
@@ -268,11 +272,18 @@ class Replica:
         pool = self.pool
         if pool.cache is not None:  # show each waiting request the prefix blocks cached now
             for s in (*self.preempted.values(), *self.waiting.values()):
-                if not s.num_computed and s.req.prefix_id is not None:
-                    s.offer_hit(pool.hit_blocks(s) * pool.config.block_size)
-        waiting = tuple(s.view() for s in reversed(self.preempted.values()))
-        waiting += tuple(s.view() for s in self.waiting.values())
-        running = tuple(s.view() for s in self.running.values())
+                if (not s.num_computed and s.req.prefix_id is not None
+                        and s.offer_hit(pool.hit_blocks(s) * pool.config.block_size)):
+                    self._queue_views = None
+        # The queue's views change only when a request joins or leaves it (or is shown new
+        # cached tokens): kept between steps instead of rebuilt, which made every step
+        # O(queue) in a long queue. Running views change every step.
+        waiting = self._queue_views
+        if waiting is None:
+            waiting = tuple(s.view() for s in reversed(self.preempted.values()))
+            waiting += tuple(s.view() for s in self.waiting.values())
+            self._queue_views = waiting
+        running = tuple(map(_SEQ_VIEW, self.running.values()))
         return View(now, waiting, running, pool.view(), self._more_arrivals())
 
     def _idle_until(self, plan: Plan, now: float) -> float | None:
@@ -290,6 +301,7 @@ class Replica:
 
     # -- state changes ------------------------------------------------------------------------
     def _pop_waiting(self, sid: int) -> Seq:
+        self._queue_views = None
         seq = self.waiting.pop(sid, None)
         return seq if seq is not None else self.preempted.pop(sid)
 
@@ -319,6 +331,7 @@ class Replica:
         else:
             seq.preempt()
         self.preempted[seq.req.id] = seq
+        self._queue_views = None
 
     def _launch(self, plan: Plan, now: float) -> tuple[BatchShape, int, int, int]:
         """Move scheduled requests to running, grow their KV and build the batch shape."""
@@ -370,7 +383,10 @@ class Replica:
             new_tokens.append(row.num_tokens)
             context.append(row.context_len)
             pad += row.num_tokens
-        return BatchShape.of(new_tokens, context, pad), num_prefill, num_decode, recomputed
+        # valid by construction (plan checked by ``validate_plan``): no ``BatchShape.of`` checks
+        shape = BatchShape(np.array(new_tokens, dtype=np.int64),
+                           np.array(context, dtype=np.int64), pad)
+        return shape, num_prefill, num_decode, recomputed
 
     def _commit(self, plan: Plan, start: float, end: float, step, shape: BatchShape,  # noqa: ANN001
                 num_prefill: int, num_decode: int, recomputed: int, swap_s: float,
@@ -395,9 +411,11 @@ class Replica:
         if self.listener is not None:
             emit_first_tokens(self, plan.run, end)
         live, cached = self.live_tokens(), pool.cached
-        settle = self.settle
+        settle, capacity = self.settle, pool.config.capacity_tokens
         for sid in plan.run:
-            settle(running[sid], end)
+            seq = running[sid]
+            if seq.status == "finished" or seq.num_computed >= capacity:  # else a no-op
+                settle(seq, end)
         num_waiting = len(self.waiting) + len(self.preempted)
         log.record(self.index, start, end - start, len(plan.run), num_prefill, num_decode,
                    shape.num_padding_tokens, len(plan.padding), num_waiting, held, step,
@@ -415,6 +433,9 @@ class Replica:
             del self.running[seq.req.id]
             if self.listener is not None:
                 self.listener(ReplicaEvent("finish", seq.req.id, self.index, end))
+            stream = self.log.stream
+            if stream is not None:  # a bucketed step table tracks its window's last finish
+                stream.finished(seq.req.arrival_s, end)
         elif (seq.num_computed >= self.pool.config.capacity_tokens
               and seq.num_uncomputed == 1 and self._never_grows(seq)):
             del self.running[seq.req.id]

@@ -30,6 +30,8 @@ from sim.engine.fastpath import FastResult, fast_path_blocker, run_continuous
 from sim.engine.inputs import check_run_limits, request_columns
 from sim.engine.replica import EngineError, Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
+from sim.metrics.steplog import make_step_log
+from sim.metrics.stream import STEP_TABLE_CHOICES, StepStream, merge_streams
 from sim.metrics.summary import (
     StepLog,
     canonical_irregular,
@@ -61,6 +63,8 @@ class SimResult:
     kv: KVConfig | None = None
     #: The engine overhead profile the cost model applied (``"none"``: an analytic model).
     engine_profile: str = "none"
+    #: ``"full"`` (``steps`` has one row per step) or ``"buckets"`` (``sim.metrics.stream``).
+    step_table: str = "full"
     #: Per-replica summary of a routed run (``sim.cluster``), else ``None``.
     replicas: pd.DataFrame | None = None
     #: The routing decisions of a routed run (``sim.cluster.routed.RoutingLog``), else ``None``.
@@ -83,7 +87,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
              checks: bool = False, event_skipping: bool = True,
              wall_clock_s: float | None = None,
              max_model_len: int | None | str = "model", fast_path: bool | str = True,
-             driver: ReplicaDriver | None = None) -> SimResult:
+             step_table: str = "auto", driver: ReplicaDriver | None = None) -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
 
     ``requests`` may also be columnar (``TraceArrays``, what ``sim.workload.build`` builds; ids are
@@ -107,13 +111,20 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     (roofline, constant or linear cost) through the compiled kernel (``sim.engine.fastkernel``) and
     the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose one of the two whatever
     the size (``"compiled"`` falls back to interpreted where the kernel does not apply). All give
-    the same results, bit for bit.
+    the same results, bit for bit. ``step_table`` keeps one row per step (``"full"``), or
+    folds the rows into fixed time buckets as the run goes (``"buckets"``:
+    ``sim.metrics.stream``, memory flat in the number of steps; every summary metric still
+    computed from every step), or keeps them whole up to ``AUTO_MAX_STEPS`` steps and
+    buckets beyond (``"auto"``).
 
     ``driver`` (for layers above the engine, e.g. ``sim.cluster``) takes over the replicas: it is
     called with the requests in arrival order and replicas that own no arrivals, and feeds
     them through ``Replica.advance_until`` / ``admit`` / ``close``. Such a run always takes the
     general engine.
     """
+    if step_table not in STEP_TABLE_CHOICES:
+        raise InputError(f"must be one of {', '.join(STEP_TABLE_CHOICES)}; got {step_table!r}",
+                         field="step_table")
     if fast_path not in _FAST_PATH_CHOICES:
         raise InputError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
                          f"got {fast_path!r}")
@@ -128,13 +139,17 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     policies = [make_policy(policy if k == 0 or not isinstance(policy, Policy)
                             else copy.deepcopy(policy)) for k in range(num_replicas)]
     deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
+
+    def new_log() -> StepLog:
+        return make_step_log(step_table, cols["arrival_s"], warmup_s, cooldown_s,
+                             policies[0].slot_capacity, kv_config.block_size)
     if driver is None and fast_path and not fast_path_blocker(
             policies[0], kv_config, cost, checks=checks, event_skipping=event_skipping):
         # replicas never interact: each runs alone on its round-robin share
         if cols["id"].dtype == object:
             raise InputError("must all be integers on the fast path", field="requests[].id")
         cols = _arrival_order(cols)
-        logs = [StepLog() for _ in policies]
+        logs = [new_log() for _ in policies]
         outs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
                           fast_path, max_model_len=limit, horizon_s=horizon_s,
                           deadline=deadline) for k in range(num_replicas)]
@@ -143,16 +158,19 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         if isinstance(requests, TraceArrays):
             requests = requests.to_requests()
         reqs = sorted(requests, key=_ARRIVAL_ORDER)
-        logs = [StepLog()]
+        logs = [new_log()]
         table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
                             horizon_s=horizon_s, event_skipping=event_skipping,
                             max_model_len=limit, deadline=deadline, driver=driver)
-    if len(logs) == 1:
+    stream = _bucketed(logs, table)
+    if stream is not None:
+        steps = stream.table()
+    elif len(logs) == 1:
         steps = logs[0].table()
     else:  # an idle replica's empty table would turn the integer columns into floats
         tables = [log.table() for log in logs if len(log)]
         steps = pd.concat(tables, ignore_index=True) if tables else logs[0].table()
-    if num_replicas > 1 and len(steps):
+    if num_replicas > 1 and len(steps) and stream is None:
         steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
     gaps, at, counts = canonical_irregular([log.irregular_runs() for log in logs])
     summary = summarize(
@@ -162,10 +180,28 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         slot_capacity=policies[0].slot_capacity, num_replicas=num_replicas,
         kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,
         warmup_s=warmup_s, cooldown_s=cooldown_s, slos=dict(slos) if slos else None,
-        kv_block_size=kv_config.block_size)
+        kv_block_size=kv_config.block_size, stream=stream)
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
-    return SimResult(table, steps, summary, (gaps, counts), kv_config, engine_profile(cost))
+    return SimResult(table, steps, summary, (gaps, counts), kv_config, engine_profile(cost),
+                     "buckets" if stream is not None else "full")
+
+
+def _bucketed(logs: list[StepLog], table: pd.DataFrame) -> StepStream | None:
+    """The merged stream of the logs when the run's step table is bucketed (``None``: full).
+    If one replica's log crossed the ``"auto"`` size, every log is bucketed."""
+    if not any(log.bucketed for log in logs):
+        return None
+    done = table["status"].to_numpy() == "finished"
+    arrival, finish = table["arrival_s"].to_numpy(float), table["finish_s"].to_numpy(float)
+    streams = []
+    for log in logs:
+        assert log.stream is not None
+        log.stream.finished_all(arrival, finish, done)  # the window's last finish, exactly
+        log.always_fold = True
+        log.fold()
+        streams.append(log.stream)
+    return merge_streams(streams)
 
 
 def engine_profile(cost: CostModel) -> str:

@@ -8,20 +8,18 @@ irregular gaps (after a stall or a preemption) are stored individually.
 """
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass, field
+import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from sim.metrics.kv import kv_summary
+from sim.metrics.steplog import FLOAT_COLUMNS, STEP_COLUMNS, StepLog
+from sim.metrics.stream import StepStream, step_sums
 
-STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_seqs", "num_prefill_tokens",
-                "num_decode_tokens", "num_padding_tokens", "num_padding_rows", "num_waiting",
-                "kv_used_blocks", "flops", "bytes", "bound", "num_regular_itl",
-                "kv_live_tokens", "kv_cached_blocks", "num_recomputed_tokens", "swap_s",
-                "swapped_bytes")
+__all__ = ["FLOAT_COLUMNS", "STEP_COLUMNS", "StepLog", "canonical_irregular", "request_frame",
+           "request_table", "summarize"]
 
 REQUEST_COLUMNS = ("id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
                    "ttft_s", "tpot_s", "e2e_s", "max_itl_s", "num_preemptions",
@@ -30,155 +28,6 @@ REQUEST_COLUMNS = ("id", "arrival_s", "first_scheduled_s", "first_token_s", "fin
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 STATS = ("mean", "median", "p90", "p99")
-
-
-#: Step columns stored as C doubles; every other column but ``bound`` is a C int64.
-FLOAT_COLUMNS = frozenset({"start_s", "duration_s", "flops", "bytes", "swap_s", "swapped_bytes"})
-
-
-def _new_columns() -> dict[str, Any]:
-    return {c: [] if c == "bound" else array("d" if c in FLOAT_COLUMNS else "q")
-            for c in STEP_COLUMNS}
-
-
-def _put(col: array, values: Any, k: int) -> None:
-    """Append ``k`` values (a scalar repeated, or an array) to a typed column without boxing."""
-    if isinstance(values, np.ndarray):
-        dtype = np.float64 if col.typecode == "d" else np.int64
-        col.frombytes(np.ascontiguousarray(values[:k], dtype=dtype).tobytes())
-    else:
-        col.extend(array(col.typecode, (values,)) * k)
-
-
-def _numpy(a: array) -> np.ndarray:
-    """A typed column as numpy: a view of its buffer (an empty array when it has none)."""
-    dtype = np.float64 if a.typecode == "d" else np.int64
-    return np.frombuffer(a, dtype=dtype) if a else np.empty(0, dtype=dtype)
-
-
-@dataclass
-class StepLog:
-    """Typed column arrays of per-step records plus the irregular inter-token gaps.
-
-    Columns are ``array.array`` (8 bytes a value, not a boxed Python number: a 5M-step run
-    stays well under a gigabyte); ``table()`` views them as numpy without copying twice.
-    Irregular gaps are run-length encoded: consecutive tokens with the same gap at the same
-    time (every running decode after one prefill step, say) share one ``(at, gap, count)`` entry.
-    """
-
-    cols: dict[str, Any] = field(default_factory=_new_columns)
-    #: Columns that are 0 in every row and so never appended to (a fast path's padding and
-    #: swap columns): ``table()`` makes them with ``np.zeros``, whose pages stay unallocated.
-    zero_columns: frozenset[str] = frozenset()
-    #: The replica of every step, when the log holds one replica's steps only (as zero_columns)
-    replica: int = 0
-    #: Columns stored row-interleaved instead (one ``extend`` of a tuple per step instead of
-    #: one ``append`` per column: a fast path's hot loop); ``table()`` views them strided.
-    packed_int_columns: tuple[str, ...] = ()
-    packed_float_columns: tuple[str, ...] = ()
-    #: The packed rows: ``array``s a run appends to, or numpy rows a compiled run hands over.
-    packed_ints: array | np.ndarray = field(default_factory=lambda: array("q"))
-    packed_floats: array | np.ndarray = field(default_factory=lambda: array("d"))
-    irregular_itl: array = field(default_factory=lambda: array("d"))
-    irregular_itl_at: array = field(default_factory=lambda: array("d"))
-    irregular_itl_count: array = field(default_factory=lambda: array("q"))
-    irregular_itl_replica: array = field(default_factory=lambda: array("q"))
-
-    def add_irregular_itl(self, at_s: float, gap_s: float, count: int = 1,
-                          replica: int = 0) -> None:
-        """Record ``count`` tokens of ``replica`` whose gap to their predecessor is not one
-        step's duration."""
-        at, gaps, reps = self.irregular_itl_at, self.irregular_itl, self.irregular_itl_replica
-        if at and at[-1] == at_s and gaps[-1] == gap_s and reps[-1] == replica:
-            self.irregular_itl_count[-1] += count
-        else:
-            at.append(at_s)
-            gaps.append(gap_s)
-            self.irregular_itl_count.append(count)
-            reps.append(replica)
-
-    def irregular_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(gaps, token times, counts, replicas)`` of the irregular gaps, as numpy."""
-        return (_numpy(self.irregular_itl), _numpy(self.irregular_itl_at),
-                _numpy(self.irregular_itl_count), _numpy(self.irregular_itl_replica))
-
-    def record(self, replica: int, start: float, duration: float, num_seqs: int,
-               num_prefill: int, num_decode: int, num_padding: int, num_padding_rows: int,
-               num_waiting: int, kv_used: int, step: Any, regular_itl: int, *,
-               kv_live_tokens: int = 0, kv_cached_blocks: int = 0,
-               num_recomputed_tokens: int = 0, swap_s: float = 0.0,
-               swapped_bytes: float = 0.0) -> None:
-        """Append one step (the keyword columns are the KV cache's, see ``sim.metrics.kv``)."""
-        c = self.cols
-        c["kv_live_tokens"].append(kv_live_tokens)
-        c["kv_cached_blocks"].append(kv_cached_blocks)
-        c["num_recomputed_tokens"].append(num_recomputed_tokens)
-        c["swap_s"].append(swap_s)
-        c["swapped_bytes"].append(swapped_bytes)
-        c["replica"].append(replica)
-        c["start_s"].append(start)
-        c["duration_s"].append(duration)
-        c["num_seqs"].append(num_seqs)
-        c["num_prefill_tokens"].append(num_prefill)
-        c["num_decode_tokens"].append(num_decode)
-        c["num_padding_tokens"].append(num_padding)
-        c["num_padding_rows"].append(num_padding_rows)
-        c["num_waiting"].append(num_waiting)
-        c["kv_used_blocks"].append(kv_used)
-        c["flops"].append(step.flops)
-        c["bytes"].append(step.bytes)
-        c["bound"].append(step.bound)
-        c["num_regular_itl"].append(regular_itl)
-
-    def extend(self, replica: int, starts: np.ndarray, durations: np.ndarray, num_seqs: int,
-               num_decode: int, num_padding: int, num_padding_rows: int, num_waiting: int,
-               kv_used: np.ndarray, series: Any, regular_itl: int, *,
-               kv_live_tokens: np.ndarray | None = None,
-               kv_cached_blocks: np.ndarray | None = None) -> None:
-        """Append ``len(starts)`` skipped decode steps in one go (no recompute, no swaps)."""
-        c, k = self.cols, len(starts)
-        for name, value in (
-                ("kv_live_tokens", 0 if kv_live_tokens is None else kv_live_tokens),
-                ("kv_cached_blocks", 0 if kv_cached_blocks is None else kv_cached_blocks),
-                ("num_recomputed_tokens", 0), ("swap_s", 0.0), ("swapped_bytes", 0.0),
-                ("replica", replica), ("start_s", starts), ("duration_s", durations),
-                ("num_seqs", num_seqs), ("num_prefill_tokens", 0),
-                ("num_decode_tokens", num_decode), ("num_padding_tokens", num_padding),
-                ("num_padding_rows", num_padding_rows), ("num_waiting", num_waiting),
-                ("kv_used_blocks", kv_used), ("flops", series.flops),
-                ("bytes", series.bytes), ("num_regular_itl", regular_itl)):
-            _put(c[name], value, k)
-        c["bound"].extend(series.bound[:k])
-
-    def __len__(self) -> int:
-        return len(self.cols["bound"])
-
-    def table(self) -> pd.DataFrame:
-        """The per-iteration table."""
-        c = self.cols
-        if not len(self):  # keep the dtypes an empty table always had
-            return pd.DataFrame({k: [] for k in STEP_COLUMNS}, columns=list(STEP_COLUMNS))
-        n = len(self)
-        data = {}
-        for k, v in c.items():
-            dtype = np.float64 if k != "bound" and v.typecode == "d" else np.int64
-            if k == "bound":
-                data[k] = v
-            elif k not in self.zero_columns:
-                data[k] = np.frombuffer(v, dtype=dtype)
-            elif k == "replica" and self.replica:
-                data[k] = np.full(n, self.replica, dtype=np.int64)
-            else:
-                data[k] = np.zeros(n, dtype=dtype)
-        for names, packed, dtype in ((self.packed_int_columns, self.packed_ints, np.int64),
-                                     (self.packed_float_columns, self.packed_floats,
-                                      np.float64)):
-            if names:
-                rows = np.frombuffer(packed, dtype=dtype).reshape(n, len(names))
-                data.update({name: rows[:, i] for i, name in enumerate(names)})
-        # copy=False: the columns stay views of the log's arrays (no second copy of a
-        # multi-million-step table); the log is not appended to once its table exists
-        return pd.DataFrame(data, columns=list(STEP_COLUMNS), copy=False)
 
 
 def canonical_irregular(runs: list[tuple[np.ndarray, ...]]
@@ -291,7 +140,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
               slot_capacity: int | None, num_replicas: int, kv_total_blocks: int | None,
               warmup_s: float = 0.0, cooldown_s: float = 0.0,
               slos: dict[str, float] | None = None,
-              kv_block_size: int | None = None) -> dict[str, float]:
+              kv_block_size: int | None = None,
+              stream: StepStream | None = None) -> dict[str, float]:
     """The summary columns (each defined in docs/metrics.md).
 
     Requests are counted when they arrive inside [first arrival + ``warmup_s``, last arrival −
@@ -299,6 +149,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
     gaps (``(gaps, token times)``) when their token comes inside it. ``duration`` runs from
     the window's first arrival to its last finish. ``irregular_itl`` is a list of gaps, or
     ``(gaps, token times)``, or ``(gaps, token times, counts)`` (run-length encoded).
+    With a ``stream`` (a bucketed step table) the step metrics come from its exact sums over
+    every step, and ``steps`` (the buckets) is not read.
     """
     counts = None
     if isinstance(irregular_itl, tuple):
@@ -316,17 +168,37 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
         win, t0 = requests, 0.0
     done = win[win["status"] == "finished"]
     end = float(done["finish_s"].max()) if len(done) else t0
-    if len(steps) and win["status"].isin(["waiting", "running"]).any():
+    any_steps = stream.num_rows > 0 if stream is not None else len(steps) > 0
+    if any_steps and win["status"].isin(["waiting", "running"]).any():
         # Cut short (horizon or wall-clock budget): the run lasted until its last step ended,
         # and that busy time must sit inside the duration.
-        last = steps["start_s"].to_numpy(float) + steps["duration_s"].to_numpy(float)
-        end = max(end, float(last.max()))
+        if stream is not None:
+            end = max(end, stream.max_end_s)
+        else:
+            last = steps["start_s"].to_numpy(float) + steps["duration_s"].to_numpy(float)
+            end = max(end, float(last.max()))
     duration = max(end - (float(win["arrival_s"].min()) if len(win) else 0.0), 0.0)
-    st = steps
-    if len(steps):
-        inside = (steps["start_s"] >= t0) & (steps["start_s"] <= end)
-        if not inside.all():  # a copy only when a warm-up or cool-down cuts steps out
-            st = steps[inside]
+    if stream is not None:
+        stream.close(end)
+        sums, num_steps, kv_max = stream.sums() or _no_sums(kv_block_size), \
+            stream.num_window, stream.max_kv_used
+        values, weights = stream.itl()
+        g, w = _windowed_gaps(gaps, at, counts, any_steps, t0, end)
+        itl = (np.concatenate([values, g]), np.concatenate([weights, w]))
+    else:
+        st = steps
+        if len(steps):
+            inside = (steps["start_s"] >= t0) & (steps["start_s"] <= end)
+            if not inside.all():  # a copy only when a warm-up or cool-down cuts steps out
+                st = steps[inside]
+        num_steps = len(st)
+        kv_max = float(st["kv_used_blocks"].max()) if num_steps else math.nan
+        itl = _windowed_itl(st, gaps, at, counts, any_steps, t0, end)
+        # one pass over the columns; its per-step temporaries are freed as it goes (a
+        # 5M-step run's column is 40 MB)
+        sums = step_sums({k: st[k].to_numpy() for k in SUM_INPUTS}, slot_capacity,
+                         kv_block_size)
+        del st
     out_tokens = float(done["num_output_tokens"].sum())
     in_tokens = float(done["num_prompt_tokens"].sum())
     per = duration if duration > 0 else float("nan")
@@ -339,26 +211,36 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
         "output_throughput": out_tokens / per,
         "total_token_throughput": (out_tokens + in_tokens) / per,
     }
-    s.update(_latency_stats(done, st, gaps, at, counts, len(steps) > 0, t0, end))
-    # each block's per-step temporaries are freed before the next (a 5M-step run's column
-    # is 40 MB; all of them at once would double the run's peak memory)
-    s.update(_step_metrics(st, win, duration * num_replicas, peak_flops, peak_bytes_per_s,
-                           slot_capacity, kv_total_blocks))
-    s.update(kv_summary(win, done, st, kv_total_blocks, kv_block_size))
-    s["num_steps"] = int(len(st))
+    s.update(_latency_stats(done, itl))
+    del itl
+    s.update(_step_metrics(sums, num_steps, kv_max, win, duration * num_replicas, peak_flops,
+                           peak_bytes_per_s, kv_total_blocks))
+    s.update(kv_summary(win, done, sums, num_steps, kv_total_blocks, kv_block_size))
+    s["num_steps"] = int(num_steps)
     if slos:
         s.update(slo_attainment(done, len(win), slos, per))
     return s
 
 
-def _latency_stats(done: pd.DataFrame, st: pd.DataFrame, gaps: np.ndarray,
-                   at: np.ndarray | None, counts: np.ndarray | None, any_steps: bool,
-                   t0: float, end: float) -> dict[str, float]:
+#: The step columns ``step_sums`` reads.
+SUM_INPUTS = ("duration_s", "num_prefill_tokens", "num_decode_tokens", "num_padding_tokens",
+              "flops", "bytes", "num_seqs", "num_padding_rows", "kv_used_blocks", "swap_s",
+              "swapped_bytes", "num_recomputed_tokens", "kv_live_tokens")
+
+
+def _no_sums(block_size: int | None) -> dict[str, float]:
+    """``step_sums`` of no steps."""
+    empty = {k: np.zeros(0) for k in SUM_INPUTS}
+    return step_sums(empty, None, block_size)
+
+
+def _latency_stats(done: pd.DataFrame, itl: tuple[np.ndarray, np.ndarray]
+                   ) -> dict[str, float]:
     """Mean, median, p90, p99 of TTFT, TPOT, ITL and E2E latency in milliseconds."""
     out = {}
     for metric in LATENCIES:
-        if metric == "itl":  # passed on unnamed, so _stats can free each array it is done with
-            stats = _stats(*_windowed_itl(st, gaps, at, counts, any_steps, t0, end))
+        if metric == "itl":
+            stats = _stats(*itl)
         else:
             stats = _stats(done[f"{metric if metric != 'e2el' else 'e2e'}_s"].to_numpy(float))
         for stat, v in stats.items():
@@ -366,43 +248,38 @@ def _latency_stats(done: pd.DataFrame, st: pd.DataFrame, gaps: np.ndarray,
     return out
 
 
-def _step_metrics(st: pd.DataFrame, win: pd.DataFrame, span: float, peak_flops: float | None,
-                  peak_bytes_per_s: float | None, slot_capacity: int | None,
+def _step_metrics(sums: dict[str, float], num_steps: int, kv_max: float, win: pd.DataFrame,
+                  span: float, peak_flops: float | None, peak_bytes_per_s: float | None,
                   kv_total_blocks: int | None) -> dict[str, float]:
     """Busy fraction, MFU, MBU, slot use, padding, batch size and KV usage of the steps in
-    the window; ``span`` is the window's duration × replicas."""
+    the window (from their ``step_sums``); ``span`` is the window's duration × replicas."""
     s: dict[str, float] = {}
-    dur = st["duration_s"].to_numpy(float)
-    busy = float(dur.sum())
+    busy = sums["busy_s"]
     s["busy_fraction"] = busy / span if span > 0 else float("nan")
-    real_tok = (st["num_prefill_tokens"] + st["num_decode_tokens"]).to_numpy(float)
-    pad_tok = st["num_padding_tokens"].to_numpy(float)
-    all_tok = real_tok + pad_tok
-    useful = np.divide(real_tok, all_tok, out=np.zeros_like(real_tok), where=all_tok > 0)
-    del real_tok
-    flops = float((st["flops"].to_numpy(float) * useful).sum())
-    del useful
-    s["mfu"] = flops / (span * peak_flops) if peak_flops and span > 0 else float("nan")
-    nbytes = float(st["bytes"].to_numpy(float).sum())
-    s["mbu"] = nbytes / (span * peak_bytes_per_s) if peak_bytes_per_s and span > 0 \
+    s["mfu"] = (sums["useful_flops"] / (span * peak_flops) if peak_flops and span > 0
+                else float("nan"))
+    s["mbu"] = sums["bytes"] / (span * peak_bytes_per_s) if peak_bytes_per_s and span > 0 \
         else float("nan")
-    s["padding_fraction"] = float(pad_tok.sum() / all_tok.sum()) if all_tok.sum() > 0 else 0.0
-    del pad_tok, all_tok
-    rows = st["num_seqs"].to_numpy(float)
-    pad_rows = st["num_padding_rows"].to_numpy(float)
-    slots = slot_capacity if slot_capacity else np.maximum(rows + pad_rows, 1)
-    del pad_rows
-    s["slot_utilization"] = float((dur * rows / slots).sum() / busy) if busy > 0 \
-        else float("nan")
-    del slots
-    s["mean_batch_size"] = float(rows.mean()) if len(rows) else 0.0
-    del rows
+    s["padding_fraction"] = (float(sums["padding_tokens"] / sums["tokens"])
+                             if sums["tokens"] > 0 else 0.0)
+    s["slot_utilization"] = float(sums["slot_s"] / busy) if busy > 0 else float("nan")
+    s["mean_batch_size"] = float(sums["rows"] / num_steps) if num_steps else 0.0
     s["num_preemptions"] = int(win["num_preemptions"].sum())
-    s["max_kv_usage"] = (float(st["kv_used_blocks"].max()) / kv_total_blocks
-                         if kv_total_blocks and len(st) else float("nan"))
-    s["mean_kv_usage"] = (float((st["kv_used_blocks"].to_numpy(float) * dur).sum() / busy)
-                          / kv_total_blocks if kv_total_blocks and busy > 0 else float("nan"))
+    s["max_kv_usage"] = (kv_max / kv_total_blocks if kv_total_blocks and num_steps
+                         else float("nan"))
+    s["mean_kv_usage"] = (float(sums["kv_block_s"] / busy) / kv_total_blocks
+                          if kv_total_blocks and busy > 0 else float("nan"))
     return s
+
+
+def _windowed_gaps(gaps: np.ndarray, at: np.ndarray | None, counts: np.ndarray | None,
+                   any_steps: bool, t0: float, end: float) -> tuple[np.ndarray, np.ndarray]:
+    """The irregular gaps whose token came inside the window, with their counts."""
+    w = np.ones(len(gaps), dtype=np.int64) if counts is None else counts.astype(np.int64)
+    if at is None or not any_steps:
+        return gaps, w
+    keep = (at > t0) & (at <= end)
+    return gaps[keep], w[keep]
 
 
 def _windowed_itl(st: pd.DataFrame, gaps: np.ndarray, at: np.ndarray | None,

@@ -1,0 +1,229 @@
+"""The step log: per-iteration records appended in the engine's hot loop.
+
+The log appends plain Python numbers to typed column arrays inside the loop (no DataFrame work
+on the hot path); the table is built once at the end. Inter-token latencies are kept exactly
+without per-token objects: a token produced one step after its predecessor has an ITL equal to
+that step's duration, so each step stores a count of such tokens, and only the irregular gaps
+(after a stall or a preemption) are stored individually.
+
+With a ``StepStream`` attached (``step_table="buckets"``, or ``"auto"`` past
+``AUTO_MAX_STEPS``) the rows are handed to it every ``FOLD_ROWS`` steps and dropped, so memory
+stays flat however long the run (see ``sim.metrics.stream``).
+"""
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.metrics.stream import AUTO_MAX_STEPS, FOLD_ROWS, StepStream, bucket_width
+
+STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_seqs", "num_prefill_tokens",
+                "num_decode_tokens", "num_padding_tokens", "num_padding_rows", "num_waiting",
+                "kv_used_blocks", "flops", "bytes", "bound", "num_regular_itl",
+                "kv_live_tokens", "kv_cached_blocks", "num_recomputed_tokens", "swap_s",
+                "swapped_bytes")
+
+#: Step columns stored as C doubles; every other column but ``bound`` is a C int64.
+FLOAT_COLUMNS = frozenset({"start_s", "duration_s", "flops", "bytes", "swap_s", "swapped_bytes"})
+
+
+def _new_columns() -> dict[str, Any]:
+    return {c: [] if c == "bound" else array("d" if c in FLOAT_COLUMNS else "q")
+            for c in STEP_COLUMNS}
+
+
+def _put(col: array, values: Any, k: int) -> None:
+    """Append ``k`` values (a scalar repeated, or an array) to a typed column without boxing."""
+    if isinstance(values, np.ndarray):
+        dtype = np.float64 if col.typecode == "d" else np.int64
+        col.frombytes(np.ascontiguousarray(values[:k], dtype=dtype).tobytes())
+    else:
+        col.extend(array(col.typecode, (values,)) * k)
+
+
+def _numpy(a: array) -> np.ndarray:
+    """A typed column as numpy: a view of its buffer (an empty array when it has none)."""
+    dtype = np.float64 if a.typecode == "d" else np.int64
+    return np.frombuffer(a, dtype=dtype) if a else np.empty(0, dtype=dtype)
+
+
+@dataclass
+class StepLog:
+    """Typed column arrays of per-step records plus the irregular inter-token gaps.
+
+    Columns are ``array.array`` (8 bytes a value, not a boxed Python number: a 5M-step run
+    stays well under a gigabyte); ``table()`` views them as numpy without copying twice.
+    Irregular gaps are run-length encoded: consecutive tokens with the same gap at the same
+    time (every running decode after one prefill step, say) share one ``(at, gap, count)`` entry.
+    """
+
+    cols: dict[str, Any] = field(default_factory=_new_columns)
+    #: Columns that are 0 in every row and so never appended to (a fast path's padding and
+    #: swap columns): ``table()`` makes them with ``np.zeros``, whose pages stay unallocated.
+    zero_columns: frozenset[str] = frozenset()
+    #: The replica of every step, when the log holds one replica's steps only (as zero_columns)
+    replica: int = 0
+    #: Columns stored row-interleaved instead (one ``extend`` of a tuple per step instead of
+    #: one ``append`` per column: a fast path's hot loop); ``table()`` views them strided.
+    packed_int_columns: tuple[str, ...] = ()
+    packed_float_columns: tuple[str, ...] = ()
+    #: The packed rows: ``array``s a run appends to, or numpy rows a compiled run hands over.
+    packed_ints: array | np.ndarray = field(default_factory=lambda: array("q"))
+    packed_floats: array | np.ndarray = field(default_factory=lambda: array("d"))
+    irregular_itl: array = field(default_factory=lambda: array("d"))
+    irregular_itl_at: array = field(default_factory=lambda: array("d"))
+    irregular_itl_count: array = field(default_factory=lambda: array("q"))
+    irregular_itl_replica: array = field(default_factory=lambda: array("q"))
+    #: Folds the rows every ``fold_at`` steps when set (a bucketed step table); with
+    #: ``always_fold`` False (``step_table="auto"``) only once ``fold_at`` is first reached.
+    stream: StepStream | None = None
+    fold_at: int = 0
+    always_fold: bool = False
+
+    def add_irregular_itl(self, at_s: float, gap_s: float, count: int = 1,
+                          replica: int = 0) -> None:
+        """Record ``count`` tokens of ``replica`` whose gap to their predecessor is not one
+        step's duration."""
+        at, gaps, reps = self.irregular_itl_at, self.irregular_itl, self.irregular_itl_replica
+        if at and at[-1] == at_s and gaps[-1] == gap_s and reps[-1] == replica:
+            self.irregular_itl_count[-1] += count
+        else:
+            at.append(at_s)
+            gaps.append(gap_s)
+            self.irregular_itl_count.append(count)
+            reps.append(replica)
+
+    def irregular_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(gaps, token times, counts, replicas)`` of the irregular gaps, as numpy."""
+        return (_numpy(self.irregular_itl), _numpy(self.irregular_itl_at),
+                _numpy(self.irregular_itl_count), _numpy(self.irregular_itl_replica))
+
+    def record(self, replica: int, start: float, duration: float, num_seqs: int,
+               num_prefill: int, num_decode: int, num_padding: int, num_padding_rows: int,
+               num_waiting: int, kv_used: int, step: Any, regular_itl: int, *,
+               kv_live_tokens: int = 0, kv_cached_blocks: int = 0,
+               num_recomputed_tokens: int = 0, swap_s: float = 0.0,
+               swapped_bytes: float = 0.0) -> None:
+        """Append one step (the keyword columns are the KV cache's, see ``sim.metrics.kv``)."""
+        c = self.cols
+        c["kv_live_tokens"].append(kv_live_tokens)
+        c["kv_cached_blocks"].append(kv_cached_blocks)
+        c["num_recomputed_tokens"].append(num_recomputed_tokens)
+        c["swap_s"].append(swap_s)
+        c["swapped_bytes"].append(swapped_bytes)
+        c["replica"].append(replica)
+        c["start_s"].append(start)
+        c["duration_s"].append(duration)
+        c["num_seqs"].append(num_seqs)
+        c["num_prefill_tokens"].append(num_prefill)
+        c["num_decode_tokens"].append(num_decode)
+        c["num_padding_tokens"].append(num_padding)
+        c["num_padding_rows"].append(num_padding_rows)
+        c["num_waiting"].append(num_waiting)
+        c["kv_used_blocks"].append(kv_used)
+        c["flops"].append(step.flops)
+        c["bytes"].append(step.bytes)
+        c["bound"].append(step.bound)
+        c["num_regular_itl"].append(regular_itl)
+        if self.fold_at and len(c["bound"]) >= self.fold_at:
+            self.fold()
+
+    def extend(self, replica: int, starts: np.ndarray, durations: np.ndarray, num_seqs: int,
+               num_decode: int, num_padding: int, num_padding_rows: int, num_waiting: int,
+               kv_used: np.ndarray, series: Any, regular_itl: int, *,
+               kv_live_tokens: np.ndarray | None = None,
+               kv_cached_blocks: np.ndarray | None = None) -> None:
+        """Append ``len(starts)`` skipped decode steps in one go (no recompute, no swaps)."""
+        c, k = self.cols, len(starts)
+        for name, value in (
+                ("kv_live_tokens", 0 if kv_live_tokens is None else kv_live_tokens),
+                ("kv_cached_blocks", 0 if kv_cached_blocks is None else kv_cached_blocks),
+                ("num_recomputed_tokens", 0), ("swap_s", 0.0), ("swapped_bytes", 0.0),
+                ("replica", replica), ("start_s", starts), ("duration_s", durations),
+                ("num_seqs", num_seqs), ("num_prefill_tokens", 0),
+                ("num_decode_tokens", num_decode), ("num_padding_tokens", num_padding),
+                ("num_padding_rows", num_padding_rows), ("num_waiting", num_waiting),
+                ("kv_used_blocks", kv_used), ("flops", series.flops),
+                ("bytes", series.bytes), ("num_regular_itl", regular_itl)):
+            _put(c[name], value, k)
+        c["bound"].extend(series.bound[:k])
+        if self.fold_at and len(c["bound"]) >= self.fold_at:
+            self.fold()
+
+    def __len__(self) -> int:
+        return len(self.cols["bound"])
+
+    def fold(self) -> None:
+        """Hand the rows gathered so far to ``stream`` and start afresh."""
+        assert self.stream is not None
+        if len(self):
+            data = self._arrays()
+            del data["bound"]
+            self.stream.fold(data)
+            del data
+        self.cols = _new_columns()  # new buffers: numpy views of the old ones may live on
+        self.packed_ints, self.packed_floats = array("q"), array("d")
+        self.fold_at = FOLD_ROWS
+
+    @property
+    def bucketed(self) -> bool:
+        """Is (or will) this log's table be the buckets of ``stream``?"""
+        return self.stream is not None and (self.always_fold or self.stream.num_rows > 0)
+
+    def table(self) -> pd.DataFrame:
+        """The per-iteration table (the buckets, when rows are folded: ``StepStream.table``)."""
+        if self.bucketed:
+            assert self.stream is not None
+            self.fold()
+            return self.stream.table()
+        if not len(self):  # keep the dtypes an empty table always had
+            return pd.DataFrame({k: [] for k in STEP_COLUMNS}, columns=list(STEP_COLUMNS))
+        # copy=False: the columns stay views of the log's arrays (no second copy of a
+        # multi-million-step table); the log is not appended to once its table exists
+        return pd.DataFrame(self._arrays(), columns=list(STEP_COLUMNS), copy=False)
+
+    def _arrays(self) -> dict[str, Any]:
+        """Every column as an array over the rows held: views of the log's buffers."""
+        c = self.cols
+        n = len(self)
+        data = {}
+        for k, v in c.items():
+            dtype = np.float64 if k != "bound" and v.typecode == "d" else np.int64
+            if k == "bound":
+                data[k] = v
+            elif k not in self.zero_columns:
+                data[k] = np.frombuffer(v, dtype=dtype)
+            elif k == "replica" and self.replica:
+                data[k] = np.full(n, self.replica, dtype=np.int64)
+            else:
+                data[k] = np.zeros(n, dtype=dtype)
+        for names, packed, dtype in ((self.packed_int_columns, self.packed_ints, np.int64),
+                                     (self.packed_float_columns, self.packed_floats,
+                                      np.float64)):
+            if names:
+                rows = np.frombuffer(packed, dtype=dtype).reshape(n, len(names))
+                data.update({name: rows[:, i] for i, name in enumerate(names)})
+        return data
+
+
+
+
+def make_step_log(step_table: str, arrival_s: np.ndarray, warmup_s: float, cooldown_s: float,
+                  slot_capacity: int | None, block_size: int | None) -> StepLog:
+    """A step log for ``step_table`` ("full", "buckets" or "auto": full up to
+    ``AUTO_MAX_STEPS`` steps, then folded); the measurement window is the summary's
+    (``sim.metrics.summary.summarize``) over the run's arrivals."""
+    if step_table == "full":
+        return StepLog()
+    first, last = ((float(arrival_s.min()), float(arrival_s.max())) if len(arrival_s)
+                   else (0.0, 0.0))
+    t0 = first + warmup_s if len(arrival_s) else 0.0
+    stream = StepStream(bucket_width(first, last), t0, last - cooldown_s, slot_capacity,
+                        block_size)
+    if step_table == "buckets":
+        return StepLog(stream=stream, fold_at=FOLD_ROWS, always_fold=True)
+    return StepLog(stream=stream, fold_at=AUTO_MAX_STEPS)

@@ -1,0 +1,259 @@
+"""The step table folded as it grows: fixed time buckets for plots, exact sums for the summary.
+
+A million-request run at low load makes tens of millions of short steps; keeping every row
+costs ~160 bytes a step. ``StepStream`` takes the rows in chunks (``StepLog`` hands them over
+every ``FOLD_ROWS`` steps, the compiled kernel every time its log buffer fills) and keeps:
+
+- **buckets** — per replica and fixed time bucket (``bucket_s`` wide, by step start): the
+  number of steps, the sum of every numeric step column and the max of a few; what the
+  timeline plots draw (``timeline_frame`` turns them into per-step means);
+- **summary sums** — for the steps inside the measurement window, the very per-step products
+  the summary takes from a full table (``step_sums``), summed per chunk and added exactly
+  (``math.fsum``) at the end; and the multiset of step durations weighted by their regular
+  inter-token gaps, so ITL percentiles are exact. Summaries are therefore computed from every
+  step, never from the buckets: counts, maxima and percentiles equal the full table's bit for
+  bit, sums agree to floating-point summation order (~1e-15 relative).
+
+The window's end (the last finish of a request inside it) is known only at the end, so steps
+that start after the latest such finish seen so far (``bound_s``, advanced by the engine) are
+held back as rows until the summary decides: usually a handful, at most the steps of the
+cool-down tail.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: Steps the general engine's log gathers before folding them (bucketed tables).
+FOLD_ROWS = 1 << 16
+#: ``step_table="auto"`` keeps the full table up to this many steps, then folds.
+AUTO_MAX_STEPS = 2_000_000
+#: About this many buckets span the arrivals (the width is rounded to 1, 2 or 5 × 10^k s).
+TARGET_BUCKETS = 2000
+STEP_TABLE_CHOICES = ("auto", "full", "buckets")
+
+#: Numeric step columns summed per bucket, and those whose maximum is kept too.
+SUM_COLUMNS = ("duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
+               "num_padding_tokens", "num_padding_rows", "num_waiting", "kv_used_blocks",
+               "flops", "bytes", "num_regular_itl", "kv_live_tokens", "kv_cached_blocks",
+               "num_recomputed_tokens", "swap_s", "swapped_bytes")
+MAX_COLUMNS = ("duration_s", "num_seqs", "num_waiting", "kv_used_blocks")
+BUCKET_COLUMNS = ("replica", "start_s", "bucket_s", "num_steps",
+                  *(f"{c}_sum" for c in SUM_COLUMNS), *(f"{c}_max" for c in MAX_COLUMNS))
+
+
+def bucket_width(first_arrival_s: float, last_arrival_s: float) -> float:
+    """A round bucket width giving about ``TARGET_BUCKETS`` buckets over the arrivals."""
+    raw = max(last_arrival_s - first_arrival_s, 1e-3) / TARGET_BUCKETS
+    scale = 10.0 ** math.floor(math.log10(raw))
+    return next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw)
+
+
+def step_sums(c: Mapping[str, np.ndarray], slot_capacity: int | None,
+              block_size: int | None) -> dict[str, float]:
+    """The sums the summary's step metrics are made of, over the steps ``c`` (numpy columns).
+
+    The one definition of each per-step quantity (``sim.metrics.summary`` and
+    ``sim.metrics.kv`` turn the sums into metrics); a full table is one chunk. Temporaries are
+    dropped as soon as they are summed: a multi-million-step table's columns are tens of MB
+    each."""
+    out: dict[str, float] = {}
+    dur = c["duration_s"].astype(float, copy=False)
+    out["busy_s"] = float(dur.sum())
+    real = (c["num_prefill_tokens"] + c["num_decode_tokens"]).astype(float)
+    pad = c["num_padding_tokens"].astype(float)
+    tokens = real + pad
+    useful = np.divide(real, tokens, out=np.zeros_like(real), where=tokens > 0)
+    del real
+    out["useful_flops"] = float((c["flops"].astype(float, copy=False) * useful).sum())
+    del useful
+    out["bytes"] = float(c["bytes"].astype(float, copy=False).sum())
+    out["padding_tokens"], out["tokens"] = float(pad.sum()), float(tokens.sum())
+    del pad
+    rows = c["num_seqs"].astype(float)
+    slots = slot_capacity if slot_capacity else np.maximum(
+        rows + c["num_padding_rows"].astype(float), 1)
+    out["slot_s"] = float((dur * rows / slots).sum())
+    out["rows"] = float(rows.sum())
+    del rows, slots
+    kv = c["kv_used_blocks"].astype(float)
+    out["kv_block_s"] = float((kv * dur).sum())
+    out["swapped_bytes"] = float(c["swapped_bytes"].astype(float, copy=False).sum())
+    swap_s = c["swap_s"].astype(float, copy=False)
+    out["swap_s"] = float(swap_s.sum())
+    recomputed = c["num_recomputed_tokens"].astype(float)
+    share = np.divide(recomputed, tokens, out=np.zeros_like(tokens), where=tokens > 0)
+    del recomputed, tokens
+    out["recompute_s"] = float(((dur - swap_s) * share).sum())
+    del share, swap_s
+    if block_size:
+        live = c["kv_live_tokens"].astype(float)
+        held = kv * block_size
+        out["live_token_s"] = float((dur * live).sum())
+        out["held_token_s"] = float((dur * held).sum())
+        held -= live  # empty token slots, in place
+        out["empty_token_s"] = float((dur * held).sum())
+    return out
+
+
+class StepStream:
+    """Buckets and exact windowed summary sums of step rows folded in chunks (see module)."""
+
+    def __init__(self, bucket_s: float, window_start_s: float, window_end_s: float,
+                 slot_capacity: int | None, block_size: int | None) -> None:
+        self.bucket_s = bucket_s
+        self.window_start_s, self.window_end_s = window_start_s, window_end_s
+        self.slot_capacity, self.block_size = slot_capacity, block_size
+        #: Steps starting at or before this are inside the window for sure (the latest finish
+        #: of a request arriving in the window; the window's start until one finishes).
+        self.bound_s = window_start_s
+        self.num_rows = 0  # every step folded
+        self.max_end_s = -math.inf  # latest step end, for runs cut short
+        self.num_window = 0  # steps counted by the summary
+        self.max_kv_used = -math.inf
+        self._sums: list[dict[str, float]] = []
+        self._itl: list[tuple[np.ndarray, np.ndarray]] = []  # (duration, count), compacted
+        self._itl_rows = 0
+        self._held: list[dict[str, np.ndarray]] = []  # window steps after ``bound_s``
+        self._buckets: list[pd.DataFrame] = []
+
+    def finished(self, arrival_s: float, finish_s: float) -> None:
+        """A request finished: if it arrived in the window, steps up to then are inside it."""
+        if (self.window_start_s <= arrival_s <= self.window_end_s
+                and finish_s > self.bound_s):
+            self.bound_s = finish_s
+
+    def finished_all(self, arrival_s: np.ndarray, finish_s: np.ndarray, done: np.ndarray
+                     ) -> None:
+        """``finished`` for every request marked in ``done`` (a fast path's outcome arrays)."""
+        mask = done & (arrival_s >= self.window_start_s) & (arrival_s <= self.window_end_s)
+        if mask.any():
+            self.bound_s = max(self.bound_s, float(finish_s[mask].max()))
+
+    def fold(self, c: Mapping[str, np.ndarray]) -> None:
+        """Take a chunk of rows: every numeric step column as a numpy array."""
+        start = c["start_s"]
+        if not len(start):
+            return
+        self.num_rows += len(start)
+        self.max_end_s = max(self.max_end_s, float((start + c["duration_s"]).max()))
+        self._bucket(c)
+        inside = start >= self.window_start_s
+        later = inside & (start > self.bound_s)
+        if later.any():  # decided at the end, once the window's last finish is known
+            self._held.append({k: v[later] for k, v in c.items()})
+            inside &= ~later
+        self._count(c if inside.all() else {k: v[inside] for k, v in c.items()})
+
+    def close(self, end_s: float) -> None:
+        """The window ends at ``end_s``: count the held-back steps that start by then."""
+        held, self._held = self._held, []
+        for c in held:
+            keep = c["start_s"] <= end_s
+            self._count({k: v[keep] for k, v in c.items()})
+
+    def _count(self, c: Mapping[str, np.ndarray]) -> None:
+        n = len(c["start_s"])
+        if not n:
+            return
+        self.num_window += n
+        self.max_kv_used = max(self.max_kv_used, float(c["kv_used_blocks"].max()))
+        self._sums.append(step_sums(c, self.slot_capacity, self.block_size))
+        w = c["num_regular_itl"]
+        keep = w > 0
+        if keep.any():
+            self._itl.append(_compact(c["duration_s"][keep], w[keep]))
+            self._itl_rows += int(keep.sum())
+            if len(self._itl) > 64:  # bound the pieces: merge them into one multiset
+                self._itl = [_compact(*(np.concatenate(p) for p in zip(*self._itl,
+                                                                       strict=True)))]
+
+    def sums(self) -> dict[str, float]:
+        """The window's ``step_sums``, each added exactly over the chunks."""
+        keys = self._sums[0].keys() if self._sums else ()
+        return {k: math.fsum(s[k] for s in self._sums) for k in keys}
+
+    def itl(self) -> tuple[np.ndarray, np.ndarray]:
+        """Durations of the window's steps with their regular inter-token gap counts."""
+        if not self._itl:
+            return np.empty(0), np.empty(0, dtype=np.int64)
+        return _compact(*(np.concatenate(p) for p in zip(*self._itl, strict=True)))
+
+    def _bucket(self, c: Mapping[str, np.ndarray]) -> None:
+        index = np.floor(c["start_s"] / self.bucket_s).astype(np.int64)
+        frame = pd.DataFrame({"replica": c["replica"], "bucket": index,
+                              **{k: c[k] for k in SUM_COLUMNS}})
+        groups = frame.groupby(["replica", "bucket"], sort=True)
+        agg = groups[list(SUM_COLUMNS)].sum().add_suffix("_sum")
+        agg = agg.join(groups[list(MAX_COLUMNS)].max().add_suffix("_max"))
+        agg["num_steps"] = groups.size()
+        self._buckets.append(agg)
+
+    def table(self) -> pd.DataFrame:
+        """One row per replica and bucket that saw a step (``BUCKET_COLUMNS``)."""
+        if not self._buckets:
+            return pd.DataFrame({k: [] for k in BUCKET_COLUMNS}, columns=list(BUCKET_COLUMNS))
+        allb = pd.concat(self._buckets)
+        groups = allb.groupby(level=["replica", "bucket"], sort=True)
+        sums = [f"{k}_sum" for k in SUM_COLUMNS] + ["num_steps"]
+        out = groups[sums].sum().join(groups[[f"{k}_max" for k in MAX_COLUMNS]].max())
+        self._buckets = [out]  # merged: a second call costs nothing more
+        out = out.reset_index()
+        out["start_s"] = out["bucket"] * self.bucket_s
+        out["bucket_s"] = self.bucket_s
+        table = out[list(BUCKET_COLUMNS)].reset_index(drop=True)
+        table.attrs["step_table"] = "buckets"
+        return table
+
+
+def merge_streams(streams: list[StepStream]) -> StepStream:
+    """One stream of several replicas' streams (each folded on its own)."""
+    if len(streams) == 1:
+        return streams[0]
+    first = streams[0]
+    out = StepStream(first.bucket_s, first.window_start_s, first.window_end_s,
+                     first.slot_capacity, first.block_size)
+    out.bound_s = max(s.bound_s for s in streams)
+    for s in streams:
+        out.num_rows += s.num_rows
+        out.max_end_s = max(out.max_end_s, s.max_end_s)
+        out.num_window += s.num_window
+        out.max_kv_used = max(out.max_kv_used, s.max_kv_used)
+        out._sums += s._sums
+        out._itl += s._itl
+        out._held += s._held
+        out._buckets += s._buckets
+    return out
+
+
+def is_bucketed(steps: pd.DataFrame) -> bool:
+    """True for a bucketed step table (``StepStream.table``), False for one row per step."""
+    return "num_steps" in steps.columns and "bucket_s" in steps.columns
+
+
+def timeline_frame(buckets: pd.DataFrame) -> pd.DataFrame:
+    """A bucketed table as step-table-like rows for plots: one per bucket, with ``start_s``,
+    ``duration_s`` (busy seconds) and the per-step means of the summed columns."""
+    n = buckets["num_steps"].to_numpy(float)
+    out: dict[str, Any] = {"replica": buckets["replica"].to_numpy(),
+                           "start_s": buckets["start_s"].to_numpy(float),
+                           "duration_s": buckets["duration_s_sum"].to_numpy(float)}
+    for k in SUM_COLUMNS:
+        if k != "duration_s":
+            out[k] = buckets[f"{k}_sum"].to_numpy(float) / np.maximum(n, 1)
+    return pd.DataFrame(out)
+
+
+def _compact(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The multiset ``values`` × ``counts`` with each distinct value once (integer counts
+    summed exactly)."""
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], counts[order].astype(np.int64)
+    if not len(v):
+        return v, w
+    starts = np.flatnonzero(np.concatenate(([True], v[1:] != v[:-1])))
+    return v[starts], np.add.reduceat(w, starts)
