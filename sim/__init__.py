@@ -18,11 +18,12 @@ from sim.core.version import __version__
 
 if TYPE_CHECKING:
     from sim.api import run_experiment
+    from sim.cluster.simulate import simulate
     from sim.core.errors import InputError
     from sim.core.types import BatchShape, KVView, Plan, Request, SeqView, StepCost, View
     from sim.cost.base import ConstantCost, CostModel, LinearCost
     from sim.cost.roofline import build_cost_model
-    from sim.engine.simulate import SimResult, simulate
+    from sim.engine.simulate import SimResult
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -30,7 +31,7 @@ _EXPORTS = {
     "Request": "sim.core.types", "SeqView": "sim.core.types", "StepCost": "sim.core.types",
     "View": "sim.core.types", "InputError": "sim.core.errors",
     "ConstantCost": "sim.cost.base", "CostModel": "sim.cost.base", "LinearCost": "sim.cost.base",
-    "SimResult": "sim.engine.simulate", "simulate": "sim.engine.simulate",
+    "SimResult": "sim.engine.simulate", "simulate": "sim.cluster.simulate",
     "build_cost_model": "sim.cost.roofline", "run_experiment": "sim.api",
 }
 

@@ -1,8 +1,9 @@
 """The import contract: sim/ is layered, and every module imports only from its layer or below.
 
 Layers, lowest first: ``core`` (values, state, errors) → ``cost``, ``kv``, ``workload``,
-``metrics`` → ``engine`` → ``experiments`` → ``report`` → the API façade (``sim/__init__.py``,
-``sim/api.py``) and ``cli``. ``policies`` is a plugin package: it imports only ``sim.core``.
+``metrics`` → ``engine`` → ``cluster`` → ``experiments`` → ``report`` → the API façade
+(``sim/__init__.py``, ``sim/api.py``) and ``cli``. ``policies`` and ``routers`` are plugin
+packages: they import only ``sim.core``, and only the engine layer and above import them.
 No module imports another module's private (underscore) names. Function-level and
 ``TYPE_CHECKING`` imports count too: a lazy import is still a dependency.
 """
@@ -17,9 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: Each layer's rank; a module may import from layers of equal or lower rank.
 LAYERS = {"core": 0, "cost": 1, "kv": 2, "workload": 3, "metrics": 4, "engine": 5,
-          "experiments": 6, "report": 7, "api": 8, "cli": 9}
-#: Top-level packages and what they may import from ``sim`` (None: by layer rank).
+          "cluster": 6, "experiments": 7, "report": 8, "api": 9, "cli": 10}
+#: What the plugin packages may import from ``sim``.
 POLICIES_MAY_IMPORT = ("sim.core",)
+#: Top-level plugin packages (each imports only ``POLICIES_MAY_IMPORT`` and itself).
+PLUGINS = ("policies", "routers")
+PACKAGES = ("sim", *PLUGINS)
 
 
 def layer_of(module: str) -> str | None:
@@ -59,18 +63,16 @@ def module_name(path: Path, root: Path) -> str:
 
 
 def violations(root: Path) -> list[str]:
-    """Every breach of the import contract in the ``sim`` and ``policies`` trees under ``root``."""
+    """Every breach of the import contract in the ``sim`` and plugin trees under ``root``."""
     out = []
-    for pkg in ("sim", "policies"):
+    for pkg in PACKAGES:
         for path in sorted((root / pkg).rglob("*.py")):
             mod = module_name(path, root)
             package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
             own = layer_of(mod)
             where = f"{path.relative_to(root)}"
             for line, target, names in imports_of(path, package):
-                if not target.startswith(("sim", "policies")):
-                    continue
-                if target.split(".")[0] not in ("sim", "policies"):
+                if target.split(".")[0] not in PACKAGES:
                     continue
                 # Private names of another module, or another module's private submodule.
                 if target != mod:
@@ -78,14 +80,17 @@ def violations(root: Path) -> list[str]:
                     private += [p for p in target.split(".") if p.startswith("_")]
                     if private:
                         out.append(f"{where}:{line}: imports private {private} from {target}")
-                if pkg == "policies":
-                    if target.startswith("sim") and not any(
+                if pkg in PLUGINS:
+                    top = target.split(".")[0]
+                    if top == "sim" and not any(
                             target == p or target.startswith(p + ".")
                             for p in POLICIES_MAY_IMPORT):
-                        out.append(f"{where}:{line}: policies may import only sim.core, "
+                        out.append(f"{where}:{line}: {pkg} may import only sim.core, "
                                    f"not {target}")
+                    elif top in PLUGINS and top != pkg:
+                        out.append(f"{where}:{line}: plugin package {pkg} imports {top}")
                     continue
-                if target.startswith("policies"):
+                if target.split(".")[0] in PLUGINS:
                     if own is not None and LAYERS[own] < LAYERS["engine"]:
                         out.append(f"{where}:{line}: layer {own!r} imports plugin package "
                                    f"{target} (only engine and above may)")
@@ -113,6 +118,9 @@ def test_sim_and_policies_keep_the_import_contract() -> None:
     ("sim/kv/cache.py", "import sim.metrics.summary\n", "higher layer"),
     ("sim/engine/replica.py", "from sim.cost.base import _Private\n", "private"),
     ("policies/static.py", "from sim.engine.replica import Replica\n", "only sim.core"),
+    ("routers/balance.py", "from sim.kv.cache import BlockPool\n", "only sim.core"),
+    ("routers/base.py", "from policies import make_policy\n", "plugin package routers"),
+    ("sim/kv/cache.py", "from routers import make_router\n", "plugin package"),
     ("sim/metrics/summary.py", "from policies import make_policy\n", "plugin package"),
     ("sim/newlayer/x.py", "from sim.core.types import Request\n", "outside every layer"),
 ])
@@ -123,6 +131,7 @@ def test_planted_violations_are_caught(tmp_path: Path, path: str, source: str,
     target.parent.mkdir(parents=True)
     (tmp_path / "sim").mkdir(exist_ok=True)
     (tmp_path / "policies").mkdir(exist_ok=True)
+    (tmp_path / "routers").mkdir(exist_ok=True)
     target.write_text(source)
     found = violations(tmp_path)
     assert any(expect in v for v in found), found

@@ -67,7 +67,7 @@ LIMIT_FIELDS: dict[str, Key] = {
 #: ``num_replicas``.
 SEED = Key(INT, 0, "Seed of every random draw (workload generation, resampling).",
            minimum=0, maximum=2**63 - 1)
-REPLICAS = Key(INT, 1, "Model replicas; requests are routed round-robin.", minimum=1,
+REPLICAS = Key(INT, 1, "Model replicas, behind `router` (default: round robin).", minimum=1,
                maximum=4096)
 
 

@@ -30,7 +30,7 @@ from sim.engine import fastkernel
 from sim.engine.coverage import compiled_spec_blocker, fast_path_blocker, spec_of
 from sim.engine.fastpath import FastResult, run_continuous
 from sim.engine.inputs import check_run_args, check_run_limits, request_columns
-from sim.engine.replica import Replica
+from sim.engine.replica import EngineError, Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
 from sim.metrics.fields import check_metric_args
 from sim.metrics.steplog import make_step_log
@@ -45,6 +45,9 @@ from sim.metrics.summary import (
 )
 
 _ARRIVAL_ORDER = attrgetter("arrival_s", "id")
+
+#: Feeds requests (in arrival order) to replicas that own no arrivals (``simulate(driver=)``).
+ReplicaDriver = Callable[[list[Request], list[Replica]], None]
 
 
 @dataclass
@@ -73,6 +76,12 @@ class SimResult:
     #: Why no faster engine ran ('' for the compiled kernel): the setting that sent the run to
     #: the fast path or the general engine (``sim.engine.coverage``).
     engine_reason: str = ""
+    #: Per-replica summary of a routed run (``sim.cluster``), else ``None``.
+    replicas: pd.DataFrame | None = None
+    #: The routing decisions of a routed run (``sim.cluster.routed.RoutingLog``), else ``None``.
+    routing: Any = None
+    #: One summary row per group of a heterogeneous cluster (``sim.cluster``), else ``None``.
+    groups: pd.DataFrame | None = None
 
     @property
     def irregular_itl(self) -> list[float]:
@@ -90,8 +99,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
              wall_clock_s: float | None = None,
              max_model_len: int | None | str = "model", fast_path: bool | str = True,
              step_table: str = "auto",
-             monitor: Callable[[Sequence[StepLog], np.ndarray], None] | None = None
-             ) -> SimResult:
+             monitor: Callable[[Sequence[StepLog], np.ndarray], None] | None = None,
+             driver: ReplicaDriver | None = None) -> SimResult:
     """Simulate ``requests`` (any order; ids must be unique) and return a ``SimResult``.
 
     ``requests`` may also be columnar (``TraceArrays``, what ``sim.workload.build`` builds; ids are
@@ -131,6 +140,11 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     ``inf``, is no limit), ``warmup_s`` and ``cooldown_s`` as ``metrics.*``, ``slos`` as
     ``slos.*``, ``kv`` as ``kv.*``. A cost model that is not a built-in one has every step
     time it returns checked (``sim.cost.checked``); all problems raise ``InputError``.
+
+    ``driver`` (for layers above the engine, e.g. ``sim.cluster``) takes over the replicas: it is
+    called with the requests in arrival order and replicas that own no arrivals, and feeds
+    them through ``Replica.advance_until`` / ``admit`` / ``close``. Such a run always takes the
+    general engine.
     """
     if step_table not in STEP_TABLE_CHOICES:
         raise InputError(f"must be one of {', '.join(STEP_TABLE_CHOICES)}; got {step_table!r}",
@@ -156,8 +170,10 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     def new_log() -> StepLog:
         return make_step_log(step_table, cols["arrival_s"], warmup_s, cooldown_s,
                              policies[0].slot_capacity, kv_config.block_size)
-    reason = fast_path_blocker(policies[0], kv_config, cost, checks=checks,
-                               event_skipping=event_skipping) if fast_path else "fast_path=False"
+    reason = ("replicas driven from outside (a router)" if driver is not None else
+              fast_path_blocker(policies[0], kv_config, cost, checks=checks,
+                                event_skipping=event_skipping) if fast_path
+              else "fast_path=False")
     engines: list[tuple[str, str]] = [("general", reason)]
     if not reason:
         # replicas never interact: each runs alone on its round-robin share
@@ -181,7 +197,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
             monitor(logs, np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
         table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
                             horizon_s=horizon_s, event_skipping=event_skipping,
-                            max_model_len=limit, deadline=deadline)
+                            max_model_len=limit, deadline=deadline, driver=driver)
     stream = _bucketed(logs, table)
     if stream is not None:
         steps = stream.table()
@@ -271,9 +287,21 @@ def _run_fast(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Po
 
 def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv: KVConfig,
                 log: StepLog, *, checks: bool, horizon_s: float | None, event_skipping: bool,
-                max_model_len: int | None, deadline: float | None) -> pd.DataFrame:
-    """Run the general engine (one SimPy process per replica); return the request table."""
+                max_model_len: int | None, deadline: float | None,
+                driver: ReplicaDriver | None = None) -> pd.DataFrame:
+    """Run the general engine (one SimPy process per replica, or the replicas handed to
+    ``driver``); return the request table."""
     num_replicas = len(policies)
+    if driver is not None:
+        seqs: dict[int, Seq] = {}
+        reps = [Replica(k, (), policies[k], cost, kv, log, seqs, checks=checks,
+                        horizon_s=horizon_s, skip=event_skipping, max_model_len=max_model_len,
+                        deadline=deadline) for k in range(num_replicas)]
+        driver(reqs, reps)
+        missing = len(reqs) - len(seqs)
+        if missing:
+            raise EngineError(f"the replica driver admitted {len(seqs)} of {len(reqs)} requests")
+        return request_table(sorted(seqs.values(), key=lambda s: s.req.id))
     seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
     env = simpy.Environment()
     for k in range(num_replicas):

@@ -47,7 +47,7 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
 def check_path(path: str) -> None:
     """Reject an override or sweep key that the schema cannot hold."""
     head = path.split(".")[0]
-    if head in ("workload", "policy", "sweep", "zip"):
+    if head in ("workload", "policy", "router", "cluster", "sweep", "zip"):
         return  # validated by their own modules once set
     if lookup(path) is None:
         parent = path.rsplit(".", 1)[0] if "." in path else ""

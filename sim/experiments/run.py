@@ -32,6 +32,7 @@ from sim.experiments.results import write_text
 from sim.experiments.runner import (
     build_cost,
     build_requests,
+    cluster_args,
     engine_profile_of,
     kv_spec,
     pin_inputs,
@@ -59,6 +60,8 @@ VOLATILE = ("wall_s", "sim_engine", "sim_engine_reason")
 def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
     """Build every run's policy, cost model, KV and workload once, before anything runs."""
     from policies import make_policy
+    from routers import make_router
+    from sim.cluster.groups import parse_groups
     from sim.kv.config import resolve_kv
 
     arrivals: dict[str, np.ndarray] = {}  # one workload build per (workload, seed)
@@ -66,6 +69,12 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
         cfg = spec.config
         try:
             make_policy(cfg["policy"])
+            if cfg.get("router") is not None:
+                make_router(cfg["router"])
+            if cfg.get("cluster") is not None:
+                args = cluster_args(cfg)
+                parse_groups(args["cluster"], policy=cfg["policy"], kv=kv_spec(cfg), cost=None,
+                             cost_keys=args["cost_keys"])
             try:
                 cost = build_cost(cfg, base_dir)
             except InputError as e:

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sim.cluster.simulate import simulate
 from sim.core.errors import InputError, environment_failure
 from sim.core.paths import resolve_from
 from sim.core.types import Request
 from sim.core.version import __version__
 from sim.cost.base import ConstantCost, CostModel, LinearCost
-from sim.engine.simulate import SimResult, simulate
+from sim.engine.simulate import SimResult
 from sim.experiments.results import atomic_write, write_json, write_table, write_text
 from sim.experiments.run_progress import RunProgress
 
@@ -120,6 +121,21 @@ def engine_profile_of(config: dict[str, Any]) -> str:
     return engine_name(str(config["engine"]))
 
 
+def cluster_args(config: dict[str, Any]) -> dict[str, Any]:
+    """``simulate``'s ``cluster`` arguments of a run config (none without a ``cluster`` block):
+    the block, and the experiment's cost keys that its groups default to."""
+    if config.get("cluster") is None:
+        return {}
+    c = config["cost"]
+    if c["kind"] != "roofline":
+        raise InputError("a cluster needs the roofline cost model (each group names its GPU)",
+                         field="cluster")
+    keys = {"model": config["model"], "hardware": config["hardware"],
+            "tp": config["parallelism"]["tp"], "engine": config["engine"],
+            "weight_dtype": c["weight_dtype"], "kv_dtype": c["kv_dtype"]}
+    return {"cluster": config["cluster"], "cost_keys": keys}
+
+
 def kv_spec(config: dict[str, Any]) -> dict[str, Any] | None:
     """The ``kv`` argument of ``simulate`` (``None`` = unlimited)."""
     kv = dict(config["kv"])
@@ -148,6 +164,7 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
     try:
         return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
                         seed=config["seed"], num_replicas=config["parallelism"]["replicas"],
+                        router=config.get("router"), **cluster_args(config),
                         warmup_s=config["metrics"]["warmup_s"],
                         cooldown_s=config["metrics"]["cooldown_s"], slos=slos or None,
                         step_table=config["metrics"]["step_table"],
@@ -200,6 +217,9 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
     meta = {"version": __version__, "config_hash": rid, "seed": config["seed"]}
     write_table(folder / "requests", res.requests, meta)
     write_table(folder / "steps", res.steps, meta)
+    for name, extra in (("replicas", res.replicas), ("groups", res.groups)):
+        if extra is not None:  # routed runs: one row per replica, and per group of a cluster
+            write_table(folder / name, extra, meta)
     gaps, counts = res.irregular_itl_runs  # one row per run: (gap seconds, tokens)
     itl = np.column_stack([np.asarray(gaps, dtype=float), np.asarray(counts, dtype=float)])
 

@@ -30,6 +30,12 @@ SCHEMA: dict[str, Any] = {
                   maximum=64),
         "replicas": REPLICAS,
     },
+    "cluster": Key(MAP + (OPT,), None, "Heterogeneous deployment: {groups: [{name, replicas, "
+                   "hardware, tp, engine, policy, kv, weight}, ...]}; a key a group leaves out "
+                   "takes the experiment's (see docs/routing.md). Replaces "
+                   "parallelism.replicas."),
+    "router": Key(MAP + STR + (OPT,), None, "Which replica each request joins: {name: ..., "
+                  "params...} (see docs/routing.md); default round robin by arrival order."),
     "cost": {
         "kind": Key(STR, "roofline", "Cost model.", choices=("roofline", "constant", "linear")),
         "step_s": Key(NUM + (OPT,), None, "constant: seconds per step.", "s", 0, True),

@@ -5,7 +5,9 @@ Open the file at https://ui.perfetto.dev or chrome://tracing. Each replica is a 
 with the batch composition in ``args``; counter ("C") tracks of batch size, queue length and KV
 blocks (emitted only when the value changes). Requests, when given, are async spans on a
 ``requests`` process: the request from arrival to finish, with nested ``ttft`` (arrival → first
-token) and ``decode`` (first token → finish) spans. Times are microseconds of simulated time.
+token) and ``decode`` (first token → finish) spans. With several replicas, every routing
+decision is an instant event on a ``router`` process (which request went to which replica and
+group, at its arrival). Times are microseconds of simulated time.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ MAX_STEPS = 200_000
 COUNTERS = (("num_seqs", "batch size"), ("num_waiting", "queue length"),
             ("kv_used_blocks", "KV blocks"))
 REQUESTS_PID = 1_000_000
+ROUTER_PID = 999_999
 
 
 def _us(seconds: float) -> float:
@@ -100,6 +103,28 @@ def request_events(requests: pd.DataFrame, limit: int = MAX_REQUESTS) -> list[di
     return events
 
 
+def routing_events(requests: pd.DataFrame, limit: int = MAX_REQUESTS) -> list[dict[str, Any]]:
+    """One instant event per routing decision of the first ``limit`` arrivals (none when the
+    run had a single replica)."""
+    if "replica" not in requests or requests["replica"].nunique() < 2:
+        return []
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": ROUTER_PID, "args": {"name": "router"}},
+        {"name": "process_sort_index", "ph": "M", "pid": ROUTER_PID,
+         "args": {"sort_index": -1}}]
+    rows = requests.sort_values(["arrival_s", "id"], kind="stable").head(limit)
+    groups = rows["group"].tolist() if "group" in rows else [None] * len(rows)
+    for rid, at, rep, group in zip(rows["id"].tolist(), rows["arrival_s"].tolist(),
+                                   rows["replica"].tolist(), groups, strict=True):
+        args: dict[str, Any] = {"request": int(rid), "replica": int(rep)}
+        if group is not None:
+            args["group"] = str(group)
+        events.append({"name": f"route {int(rid)} -> {int(rep)}", "cat": "routing",
+                       "ph": "i", "s": "p", "ts": _us(at), "pid": ROUTER_PID, "tid": 0,
+                       "args": args})
+    return events
+
+
 def export_chrome_trace(steps: pd.DataFrame, path: Path, requests: pd.DataFrame | None = None,
                         max_requests: int = MAX_REQUESTS, max_steps: int = MAX_STEPS) -> Path:
     """Write ``steps`` (and optionally ``requests``) as a Chrome trace JSON at ``path``
@@ -113,6 +138,7 @@ def export_chrome_trace(steps: pd.DataFrame, path: Path, requests: pd.DataFrame 
     other: dict[str, Any] = {"source": "batchsim", "steps_shown": len(shown),
                              "steps_total": len(steps)}
     if requests is not None:
+        events += routing_events(requests, max_requests)
         events += request_events(requests, max_requests)
         other.update(requests_shown=min(int(requests["first_token_s"].notna().sum()),
                                         max_requests), requests_total=len(requests))

@@ -1,0 +1,94 @@
+"""The router interface and registry: one method, ``route(request, loads) -> replica index``.
+
+Routers are small dataclasses registered by name, built from a YAML-style mapping by
+``make_router`` (an unknown name or parameter is a ``RouterError`` naming ``router.<key>`` and
+listing what is accepted). A router may keep state across one run (a round-robin counter, a
+session table, an index of the prefixes it sent where), so every run builds its own; ``start``
+hands it the number of replicas and the run's random generator before the first request.
+
+Two parameters every router has, applied by the cluster rather than the router itself:
+``refresh_s`` (load signals are re-read at most this often: real routers poll metrics, so a
+decision may see a stale picture; 0 means live) and ``latency_s`` (a routing decision delays the
+request by this long before it joins its replica's queue).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from sim.core.errors import InputError
+from sim.core.plugins import Registry
+from sim.core.routing import Arrival, ReplicaLoad
+
+
+class RouterError(InputError):
+    """A router name or parameter is unknown or invalid."""
+
+
+@dataclass
+class Router:
+    """Base class of every router (see the module docstring for the shared parameters)."""
+
+    name: ClassVar[str] = "router"
+    refresh_s: float = 0.0
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("refresh_s", "latency_s"):
+            value = getattr(self, key)
+            self.require(value >= 0, key, f"must be a number of seconds >= 0, got {value!r}")
+        self.num_replicas = 0
+        self.rng = np.random.default_rng(0)
+
+    def start(self, num_replicas: int, rng: np.random.Generator) -> None:
+        """Prepare for a run over ``num_replicas`` replicas (>= 1), drawing from ``rng``."""
+        self.num_replicas = num_replicas
+        self.rng = rng
+
+    def route(self, request: Arrival, loads: Sequence[ReplicaLoad]) -> int:
+        """The index of the replica ``request`` joins; ``loads[i].index == i``."""
+        raise NotImplementedError
+
+    def require(self, ok: bool, field: str, problem: str) -> None:
+        """Raise a ``RouterError`` naming this router's parameter unless ``ok``."""
+        if not ok:
+            raise RouterError(problem, field=f"router.{field}")
+
+
+ROUTERS: Registry[Router] = Registry("router", RouterError)
+register: Callable[[str], Callable[[type[Router]], type[Router]]] = ROUTERS.register
+
+
+def make_router(spec: str | Mapping[str, Any] | Router) -> Router:
+    """Build a router from ``"name"`` or ``{"name": ..., **params}`` (or pass one through)."""
+    return spec if isinstance(spec, Router) else ROUTERS.make(spec)
+
+
+def registered() -> dict[str, type[Router]]:
+    """Every registered router by name."""
+    return ROUTERS.registered()
+
+
+#: Load measures a router can balance on, each "lower is lighter" and per unit of capacity.
+LOAD_METRICS: dict[str, Callable[[ReplicaLoad], float]] = {
+    "requests": lambda s: s.num_outstanding / s.weight,
+    "tokens": lambda s: s.outstanding_tokens / s.weight,
+    "kv": lambda s: s.kv_usage,
+}
+
+
+def lightest(loads: Sequence[ReplicaLoad], metric: str = "requests",
+             among: Sequence[int] | None = None) -> int:
+    """The index of the lightest replica by ``metric``; ties go to the lowest index."""
+    measure = LOAD_METRICS[metric]
+    candidates = range(len(loads)) if among is None else among
+    return min(candidates, key=lambda i: (measure(loads[i]), i))
+
+
+def check_metric(router: Router, field: str, metric: str) -> None:
+    """Validate a load-metric parameter."""
+    router.require(metric in LOAD_METRICS, field,
+                   f"unknown load metric {metric!r}; accepted: {', '.join(LOAD_METRICS)}")

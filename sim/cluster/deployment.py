@@ -1,0 +1,151 @@
+"""Running a heterogeneous cluster: every group's replicas behind one router, one clock.
+
+Replicas are numbered group by group, in the order the groups are listed. Each replica has its
+group's cost model, KV cache and its own policy instance; the router process
+(``sim.cluster.routed``) feeds them. The result's summary covers the whole cluster; the
+utilization metrics use the replicas' mean peak FLOP/s and bandwidth (so ``mfu`` is FLOPs done
+over FLOPs the whole fleet could have done) and the KV metrics are left out when the groups'
+caches differ in size (one cache size is needed to read usage as a share);
+``SimResult.groups`` has one exact summary per group.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from policies import make_policy
+from routers import Router
+from sim.cluster.groups import Group, capacity_weights
+from sim.cluster.metrics import imbalance, per_replica
+from sim.cluster.routed import run_routed
+from sim.core.arrays import TraceArrays
+from sim.core.errors import InputError
+from sim.core.state import Seq
+from sim.core.types import Request
+from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
+from sim.engine.inputs import check_run_limits, request_columns
+from sim.engine.replica import Replica
+from sim.engine.simulate import SimResult, engine_profile
+from sim.kv.config import resolve_kv
+from sim.metrics.summary import StepLog, canonical_irregular, request_table, summarize
+
+
+def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Group],
+                    router: Router, seed: int, *, warmup_s: float = 0.0,
+                    cooldown_s: float = 0.0, slos: dict[str, float] | None = None,
+                    horizon_s: float | None = None, checks: bool = False,
+                    event_skipping: bool = True, wall_clock_s: float | None = None,
+                    max_model_len: int | None | str = "model", rng: np.random.Generator,
+                    step_table: str = "auto",
+                    monitor: Callable[[Sequence[StepLog], np.ndarray], None] | None = None
+                    ) -> SimResult:
+    """Simulate ``requests`` on the groups' replicas behind ``router`` (a cluster keeps its
+    whole step table: ``step_table="buckets"`` is refused; ``monitor`` as ``simulate``)."""
+    if step_table == "buckets":
+        raise InputError("a cluster keeps one row per step; bucketed step tables are not "
+                         "supported for clusters yet", field="metrics.step_table")
+    check_run_limits(horizon_s, wall_clock_s)
+    request_columns(requests)  # every request checked before anything runs
+    reqs = requests.to_requests() if isinstance(requests, TraceArrays) else list(requests)
+    reqs.sort(key=lambda r: (r.arrival_s, r.id))
+    deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
+    log = StepLog()
+    seqs: dict[int, Seq] = {}
+    replicas: list[Replica] = []
+    owner: list[Group] = []
+    for g in groups:
+        kv = resolve_kv(g.kv, g.cost)
+        limit = (getattr(getattr(g.cost, "model", None), "max_position_embeddings", None)
+                 if max_model_len == "model" else max_model_len)
+        for _ in range(g.replicas):
+            replicas.append(Replica(len(replicas), (), make_policy(g.policy), g.cost, kv, log,
+                                    seqs, checks=checks, horizon_s=horizon_s,
+                                    skip=event_skipping, deadline=deadline,
+                                    max_model_len=limit))  # type: ignore[arg-type]
+            owner.append(g)
+    measured = capacity_weights([g.cost for g in owner])
+    weights = [g.weight if g.weight is not None else w for g, w in zip(owner, measured,
+                                                                         strict=True)]
+    block = min(rep.pool.config.block_size for rep in replicas)
+    if monitor is not None:
+        monitor([log], np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
+    routing = run_routed(reqs, replicas, router, rng, block, weights)
+    table = request_table(sorted(seqs.values(), key=lambda s: s.req.id))
+    names = np.array([g.name for g in owner], dtype=object)
+    table.insert(list(table.columns).index("replica") + 1, "group", names[table["replica"]])
+    steps = log.table()
+    if len(steps):
+        steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
+    steps["group"] = names[steps["replica"].to_numpy()] if len(steps) else pd.Series(
+        dtype=object)
+    runs = log.irregular_runs()
+    window = {"warmup_s": warmup_s, "cooldown_s": cooldown_s, "slos": slos}
+    summary = _summary(table, steps, runs, replicas, owner, window)
+    summary.update(imbalance(routing, steps, len(replicas)))
+    summary.update(router=router.name, seed=seed)
+    summary["partial"] = bool(summary["num_unfinished"] > 0)
+    gaps, _, counts = canonical_irregular([runs])
+    result = SimResult(table, steps, summary, (gaps, counts), None,
+                       "+".join(sorted({engine_profile(g.cost) for g in groups})))
+    result.replicas = per_replica(table, steps, len(replicas))
+    result.replicas.insert(1, "group", names)
+    result.replicas.insert(2, "weight", weights)
+    result.routing = routing
+    result.groups = _group_table(table, steps, runs, replicas, owner, groups, window)
+    return result
+
+
+def _summary(table: pd.DataFrame, steps: pd.DataFrame, runs: tuple[np.ndarray, ...],
+             replicas: list[Replica], owner: list[Group], window: dict[str, Any]
+             ) -> dict[str, Any]:
+    """``summarize`` over some replicas (all of one group, or the whole cluster)."""
+    peaks = [getattr(g.cost, "peak_flops", None) for g in owner]
+    bandwidths = [getattr(g.cost, "peak_bytes_per_s", None) for g in owner]
+    capacities = {rep.policy.slot_capacity for rep in replicas}
+    blocks = {None if rep.pool.config.unlimited else rep.pool.config.num_blocks
+              for rep in replicas}
+    sizes = {rep.pool.config.block_size for rep in replicas}
+    gaps, at, counts = canonical_irregular([runs])
+    out = summarize(table, steps, (gaps, at, counts),
+                    peak_flops=_mean(peaks), peak_bytes_per_s=_mean(bandwidths),
+                    slot_capacity=capacities.pop() if len(capacities) == 1 else None,
+                    num_replicas=len(replicas),
+                    kv_total_blocks=blocks.pop() if len(blocks) == 1 else None,
+                    kv_block_size=sizes.pop() if len(sizes) == 1 else None, **window)
+    # steps inside each group's fitted range, under that group's cost model
+    valid = dict.fromkeys(VALIDITY_COLUMNS, 0)
+    for g in {id(o): o for o in owner}.values():
+        mine = [rep.index for rep, o in zip(replicas, owner, strict=True) if o is g]
+        part = validity_counts(steps[steps["replica"].isin(mine)] if len(steps) else steps,
+                               g.cost)
+        for key in valid:
+            valid[key] += part[key]
+    out.update(valid)
+    return out
+
+
+def _mean(values: list[Any]) -> float | None:
+    """The mean of per-replica peaks, ``None`` when some replica has none (analytic cost)."""
+    return None if any(v is None for v in values) else float(np.mean(values))
+
+
+def _group_table(table: pd.DataFrame, steps: pd.DataFrame, runs: tuple[np.ndarray, ...],
+                 replicas: list[Replica], owner: list[Group], groups: list[Group],
+                 window: dict[str, Any]) -> pd.DataFrame:
+    """One row per group: its name, replicas, GPU and its own exact summary."""
+    rows = []
+    for g in groups:
+        idx = [i for i, o in enumerate(owner) if o is g]
+        mine = np.isin(runs[3], idx)
+        sub_runs = tuple(r[mine] for r in runs)
+        sub_steps = steps[steps["replica"].isin(idx)] if len(steps) else steps
+        sub = table[table["group"] == g.name]
+        row = {"group": g.name, "replicas": g.replicas, "hardware": g.hardware}
+        row.update(_summary(sub, sub_steps, sub_runs, [replicas[i] for i in idx],
+                            [owner[i] for i in idx], window))
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,131 @@
+"""Heterogeneous deployments: groups of replicas, each with its own GPU, TP, engine, policy
+and KV settings, behind one router.
+
+A ``cluster`` block lists groups::
+
+    cluster:
+      groups:
+        - {name: h100, replicas: 4, hardware: h100-sxm}
+        - {name: a100, replicas: 4, hardware: a100-80gb, tp: 2,
+           policy: {name: chunked_prefill, token_budget: 1024}}
+
+A key a group leaves out takes the experiment's value (``model``, ``hardware``, ``engine``,
+``parallelism.tp``, ``policy``, ``kv``). Every group's keys are checked by one table
+(``GROUP_FIELDS``), with the dotted path of the group in each message. A group's ``weight``
+is its replicas' relative capacity for the routers that balance per unit of capacity; left
+out, it is measured from the cost model: the tokens per second of a reference decode step
+(32 sequences at 1,024 tokens of context), relative to the mean over all replicas.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sim.core.errors import InputError
+from sim.core.fields import INT, MAP, NUM, OPT, STR, Key, validate_fields
+from sim.cost.base import CostModel
+
+GROUP_FIELDS: dict[str, Any] = {
+    "name": Key(STR, None, "Group name, unique in the cluster (the requests table's `group`).",
+                required=True),
+    "replicas": Key(INT, 1, "Replicas in the group.", minimum=1, maximum=4096),
+    "model": Key(STR + (OPT,), None, "Model (default: the experiment's)."),
+    "hardware": Key(STR + (OPT,), None, "GPU (default: the experiment's)."),
+    "tp": Key(INT + (OPT,), None, "Tensor-parallel degree (default: parallelism.tp).",
+              minimum=1, maximum=64),
+    "engine": Key(STR + (OPT,), None, "Engine overhead profile (default: the experiment's)."),
+    "policy": Key(MAP + STR + (OPT,), None, "Batching policy (default: the experiment's)."),
+    "kv": Key(MAP + (OPT,), None, "KV block (default: the experiment's)."),
+    "weight": Key(NUM + (OPT,), None, "Relative capacity of one replica (default: measured "
+                  "from the cost model).", minimum=0, exclusive_min=True, maximum=1e6),
+}
+#: Most groups a cluster may have.
+MAX_GROUPS = 64
+#: The reference decode step that measures a replica's capacity: 32 rows at 1,024 tokens.
+REFERENCE_ROWS, REFERENCE_CONTEXT = 32, 1024
+
+
+@dataclass(frozen=True)
+class Group:
+    """One validated group: its replicas' cost model, policy spec, KV spec and weight."""
+
+    name: str
+    replicas: int
+    cost: CostModel
+    policy: Any
+    kv: Any
+    weight: float | None
+    hardware: str = ""
+
+
+def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
+                 cost_keys: Mapping[str, Any] | None) -> list[Group]:
+    """Validate a ``cluster`` block and build each group's cost model.
+
+    A group's cost model is built from its (or the experiment's) ``model``, ``hardware``,
+    ``tp`` and ``engine`` when ``cost_keys`` gives the experiment's values (the YAML path);
+    from Python a group may instead carry a ready ``cost`` model, and a group that names no
+    model or hardware uses the ``cost`` argument of ``simulate``.
+    """
+    if not isinstance(cluster, Mapping) or set(cluster) - {"groups"}:
+        extra = sorted(set(cluster) - {"groups"}) if isinstance(cluster, Mapping) else None
+        raise InputError(f"unknown key {extra[0]!r}; accepted: groups" if extra else
+                         "expected a mapping with a 'groups' list", field="cluster")
+    groups = cluster.get("groups")
+    if not isinstance(groups, list) or not groups or len(groups) > MAX_GROUPS:
+        raise InputError(f"expected a list of 1 to {MAX_GROUPS} groups", field="cluster.groups")
+    out: list[Group] = []
+    for i, raw in enumerate(groups):
+        where = f"cluster.groups[{i}]"
+        if not isinstance(raw, Mapping):
+            raise InputError(f"expected a mapping, got {type(raw).__name__}", field=where)
+        given = dict(raw)
+        ready = given.pop("cost", None)
+        g = validate_fields(given, GROUP_FIELDS, where + ".")
+        if any(o.name == g["name"] for o in out):
+            raise InputError(f"duplicate group name {g['name']!r}", field=f"{where}.name")
+        try:
+            group_cost, hardware = _group_cost(g, ready, cost, cost_keys)
+        except InputError as e:
+            raise InputError(e.problem, field=f"{where}.{e.field or 'hardware'}") from None
+        out.append(Group(g["name"], g["replicas"], group_cost,
+                         g["policy"] if g["policy"] is not None else policy,
+                         g["kv"] if g["kv"] is not None else kv, g["weight"], hardware))
+    return out
+
+
+def _group_cost(g: dict[str, Any], ready: Any, cost: CostModel | None,
+                cost_keys: Mapping[str, Any] | None) -> tuple[CostModel, str]:
+    """The cost model of one group, and the name of its GPU ('' when unnamed)."""
+    if ready is not None:
+        if not callable(getattr(ready, "step", None)):
+            raise InputError("expected a cost model (with a step method)", field="cost")
+        return ready, str(g["hardware"] or "")
+    names = ("model", "hardware", "tp", "engine")
+    if cost_keys is None and not any(g[k] is not None for k in names):
+        if cost is None:
+            raise InputError("no cost model: give model/hardware or a cost", field="hardware")
+        return cost, ""
+    from sim.cost.roofline import build_cost_model
+
+    keys = dict(cost_keys or {})
+    for k in names:
+        if g[k] is not None:
+            keys[k] = g[k]
+    if "model" not in keys or "hardware" not in keys:
+        raise InputError("needs a model and a hardware profile", field="hardware")
+    return build_cost_model(**keys), str(keys["hardware"])
+
+
+def capacity_weights(costs: Sequence[CostModel]) -> list[float]:
+    """Each replica's reference decode throughput relative to the mean over ``costs``."""
+    rates = []
+    for cost in costs:
+        from sim.core.types import BatchShape
+
+        shape = BatchShape.of([1] * REFERENCE_ROWS, [REFERENCE_CONTEXT] * REFERENCE_ROWS)
+        seconds = cost.step(shape).seconds
+        rates.append(REFERENCE_ROWS / seconds if seconds > 0 else 1.0)
+    mean = sum(rates) / len(rates)
+    return [r / mean for r in rates]

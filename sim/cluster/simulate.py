@@ -1,0 +1,104 @@
+"""``sim.simulate`` with a router: identical replicas behind one router, on one clock.
+
+``cluster`` runs groups of different replicas (``sim.cluster.groups``). Without ``router``
+(or with a plain ``round_robin`` that has no latency or staleness, which is
+the static split the engine does anyway) this is the engine's ``simulate``, bit for bit. With
+any other router the replicas run on the general engine, driven from outside
+(``sim.cluster.routed``), and the result carries the routing metrics
+(``sim.cluster.metrics``) and a per-replica table (``SimResult.replicas``).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from routers import Router, make_router
+from routers.balance import RoundRobin
+from sim.cluster.deployment import simulate_groups
+from sim.cluster.groups import parse_groups
+from sim.cluster.metrics import imbalance, per_replica
+from sim.cluster.routed import RoutingLog, run_routed
+from sim.core.arrays import TraceArrays
+from sim.core.errors import InputError
+from sim.core.types import Request
+from sim.engine.replica import Replica
+from sim.engine.simulate import SimResult
+from sim.engine.simulate import simulate as simulate_replicas
+
+#: Spawn key of the router's random stream: independent of any other use of the seed.
+ROUTER_STREAM = 0x524F5554
+
+
+class RoutedDriver:
+    """Feeds the engine's replicas through a router; keeps the routing log."""
+
+    def __init__(self, router: Router, seed: int) -> None:
+        self.router = router
+        self.seed = seed
+        self.log = RoutingLog()
+
+    def __call__(self, reqs: list[Request], replicas: list[Replica]) -> None:
+        """Route every request and run the replicas to the end."""
+        rng = router_rng(self.seed)
+        block = replicas[0].pool.config.block_size if replicas else 16
+        self.log = run_routed(reqs, replicas, self.router, rng, hash_block_tokens=block)
+
+
+def is_static(router: Router) -> bool:
+    """True for the router the engine's fixed split already is (round robin, no latency or
+    staleness): such runs keep every fast path and today's exact results."""
+    return type(router) is RoundRobin and router.latency_s == 0
+
+
+def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost: Any = None,
+             kv: Any = "auto", seed: int = 0, *, num_replicas: int = 1,
+             router: str | Mapping[str, Any] | Router | None = None,
+             cluster: Mapping[str, Any] | None = None, **options: Any) -> SimResult:
+    """``sim.engine.simulate.simulate`` behind ``router`` (see the module docstring).
+
+    ``router`` is a router spec such as ``{"name": "least_outstanding_tokens"}`` (see
+    ``routers``). ``cluster`` (``{"groups": [...]}``, the YAML ``cluster:`` block) makes a
+    heterogeneous deployment (``sim.cluster.groups``): ``policy``, ``cost`` and ``kv`` are
+    then the defaults of groups that leave them out, and ``num_replicas`` is not used.
+    Every other argument is the engine's.
+    """
+    if cluster is not None:
+        return _simulate_cluster(requests, policy, cost, kv, seed, router, cluster,
+                                 options.pop("cost_keys", None), options)
+    if policy is None or cost is None:
+        raise InputError("simulate needs a policy and a cost model (or a cluster)",
+                         field="policy" if policy is None else "cost")
+    if router is None:
+        return simulate_replicas(requests, policy, cost, kv, seed, num_replicas=num_replicas,
+                                 **options)
+    chosen = make_router(router)
+    if is_static(chosen):
+        return simulate_replicas(requests, policy, cost, kv, seed, num_replicas=num_replicas,
+                                 **options)
+    driver = RoutedDriver(chosen, seed)
+    result = simulate_replicas(requests, policy, cost, kv, seed, num_replicas=num_replicas,
+                               driver=driver, **options)
+    result.summary.update(imbalance(driver.log, result.steps, num_replicas))
+    result.summary["router"] = chosen.name
+    result.replicas = per_replica(result.requests, result.steps, num_replicas)
+    result.routing = driver.log
+    return result
+
+
+def router_rng(seed: int) -> np.random.Generator:
+    """The router's random stream of a run with ``seed``."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(ROUTER_STREAM,)))
+
+
+def _simulate_cluster(requests: Sequence[Request] | TraceArrays, policy: Any, cost: Any,
+                      kv: Any, seed: int, router: Any, cluster: Mapping[str, Any],
+                      cost_keys: Mapping[str, Any] | None, options: dict[str, Any]
+                      ) -> SimResult:
+    """A heterogeneous deployment (``sim.cluster.deployment``)."""
+    options.pop("fast_path", None)  # a cluster always takes the general engine
+    groups = parse_groups(cluster, policy=policy if policy is not None else "continuous",
+                          kv=kv, cost=cost, cost_keys=cost_keys)
+    chosen = make_router(router if router is not None else "round_robin")
+    return simulate_groups(requests, groups, chosen, seed, rng=router_rng(seed), **options)

@@ -1,0 +1,97 @@
+"""Heterogeneous clusters (``cluster: {groups: [...]}``): groups of replicas with their own GPU,
+policy and KV behind one router, validated key by key, with a summary per group."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import sim
+from sim.core.types import Request
+
+COST = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engine="vllm")
+
+
+def workload(n: int = 240, rate: float = 40.0, seed: int = 2) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate, n))
+    return [Request(i, float(t[i]), int(rng.integers(50, 1500)), int(rng.integers(5, 200)))
+            for i in range(n)]
+
+
+def test_one_group_is_the_same_run_as_identical_replicas() -> None:
+    reqs = workload()
+    policy = {"name": "chunked_prefill", "token_budget": 512}
+    plain = sim.simulate(reqs, policy=policy, cost=COST, num_replicas=3,
+                         router="least_outstanding_tokens", checks=True)
+    grouped = sim.simulate(reqs, policy=policy, cost=COST, checks=True,
+                           cluster={"groups": [{"name": "all", "replicas": 3}]},
+                           router="least_outstanding_tokens")
+    pd.testing.assert_frame_equal(grouped.requests.drop(columns="group"), plain.requests)
+    pd.testing.assert_frame_equal(grouped.steps.drop(columns="group"), plain.steps)
+    assert (grouped.requests["group"] == "all").all()
+    for key, value in plain.summary.items():
+        assert grouped.summary[key] == pytest.approx(value, nan_ok=True), key
+    assert grouped.groups["completed"].tolist() == [plain.summary["completed"]]
+
+
+def test_a_faster_group_weighs_more_and_load_aware_routing_uses_it() -> None:
+    reqs = workload(n=400, rate=60.0)
+    cluster = {"groups": [
+        {"name": "h100", "replicas": 2, "model": "llama-3-8b", "hardware": "h100-sxm"},
+        {"name": "a100", "replicas": 2, "model": "llama-3-8b", "hardware": "a100-80gb",
+         "policy": {"name": "continuous", "max_num_seqs": 64}}]}
+    rr = sim.simulate(reqs, policy={"name": "chunked_prefill"}, cluster=cluster)
+    lot = sim.simulate(reqs, policy={"name": "chunked_prefill"}, cluster=cluster,
+                       router="least_outstanding_tokens", checks=True)
+    weights = lot.replicas.set_index("group")["weight"]
+    assert weights["h100"].min() > 1.0 > weights["a100"].max()  # relative to the mean
+    assert rr.requests["group"].value_counts().tolist() == [200, 200]
+    per_group = lot.groups.set_index("group")
+    assert per_group.loc["h100", "completed"] > per_group.loc["a100", "completed"]
+    assert per_group["completed"].sum() == lot.summary["completed"] == 400
+    assert lot.summary["p99_ttft_ms"] < rr.summary["p99_ttft_ms"]
+    assert set(lot.steps["group"]) == {"h100", "a100"}
+    assert lot.engine_profile == "vllm-v0"  # `vllm` names vllm-v0
+
+
+def test_a_given_weight_overrides_the_measured_one() -> None:
+    cluster = {"groups": [{"name": "a", "replicas": 1, "cost": COST, "weight": 3.0},
+                          {"name": "b", "replicas": 1, "cost": COST}]}
+    res = sim.simulate(workload(n=60), policy="continuous", cluster=cluster,
+                       router="least_outstanding_requests")
+    assert res.replicas["weight"].tolist() == [3.0, 1.0]
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ([{"name": "a", "replicas": 0}], r"cluster\.groups\[0\]\.replicas: must be >= 1"),
+    ([{"name": "a"}, {"name": "a"}], r"cluster\.groups\[1\]\.name: duplicate group name"),
+    ([{"replicas": 2}], r"cluster\.groups\[0\]\.name: required key missing"),
+    ([{"name": "a", "gpus": 2}], r"cluster\.groups\[0\]\.gpus: unknown key"),
+    ([{"name": "a", "hardware": "h900", "model": "llama-3-8b"}],
+     r"cluster\.groups\[0\]\.hardware: unknown gpu 'h900'"),
+    ([{"name": "a", "weight": 0}], r"cluster\.groups\[0\]\.weight: must be > 0"),
+    ([], r"cluster\.groups: expected a list of 1 to 64 groups"),
+])
+def test_every_group_key_is_checked_with_its_path(groups, message) -> None:
+    with pytest.raises(sim.InputError, match=message):
+        sim.simulate(workload(n=5), policy="continuous", cost=COST, cluster={"groups": groups})
+
+
+def test_a_yaml_cluster_runs_and_writes_a_table_per_group(tmp_path) -> None:
+    exp = tmp_path / "het.yaml"
+    exp.write_text(
+        "model: llama-3-8b\nhardware: h100-sxm\n"
+        "workload: {arrival: {rate: 30}, num_requests: 120, prompt_tokens: {dist: fixed, "
+        "value: 400}, output_tokens: {dist: fixed, value: 40}}\n"
+        "policy: {name: chunked_prefill}\nrouter: least_outstanding_requests\n"
+        "cluster:\n  groups:\n    - {name: fast, replicas: 2}\n"
+        "    - {name: slow, replicas: 1, hardware: a100-80gb}\n")
+    sim.run_experiment(str(exp), out=str(tmp_path / "out"))
+    (run,) = (tmp_path / "out" / "runs").iterdir()
+    names = {p.name.split(".")[0] for p in run.iterdir()}
+    assert {"groups", "replicas", "requests", "steps"} <= names
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(exp.read_text().replace("a100-80gb", "a99"))
+    with pytest.raises(sim.InputError, match=r"bad\.yaml: cluster\.groups\[1\]\.hardware"):
+        sim.run_experiment(str(bad), out=str(tmp_path / "out2"))
