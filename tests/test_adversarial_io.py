@@ -54,15 +54,16 @@ def finished(out: Path) -> list[str]:
 
 # --- output folder (#8, #11) --------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["../../escaped", "/tmp/abs-escape", "", "  ", "..", "a/b",
+@pytest.mark.parametrize("name", ["../../escaped", "ABSOLUTE", "", "  ", "..", "a/b",
                                   "x" * 300])
 def test_experiment_names_cannot_escape_runs(tmp_path, monkeypatch, capsys, name):
-    monkeypatch.chdir(tmp_path)
-    exp = write_exp(tmp_path, name=name)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    absolute = tmp_path / "abs-escape"
+    exp = write_exp(tmp_path, name=str(absolute) if name == "ABSOLUTE" else name)
     rc, err = cli(capsys, "run", str(exp), "--quiet")
     assert rc == 2 and err.count("\n") == 1 and "name" in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]  # nothing written
-    assert not Path("/tmp/abs-escape").exists()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["cwd", "exp.yaml"]  # no writes
 
 
 def test_a_valid_name_and_an_absolute_out_still_work(tmp_path, monkeypatch):
