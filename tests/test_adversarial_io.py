@@ -203,6 +203,8 @@ def test_editing_the_trace_file_makes_a_new_run(tmp_path):
     cfg = yaml.safe_load((tmp_path / "o" / "runs" / changed["run_id"][0] / "config.yaml")
                          .read_text())
     assert set(cfg["inputs"]) == {"workload.trace"}
+    assert main(["plot", str(tmp_path / "o")]) == 0  # the redrawn report knows the run ids
+    assert "- runs: 1 finished of 1" in (tmp_path / "o" / "report.md").read_text()
 
 
 def test_editing_a_custom_profile_file_makes_a_new_run(tmp_path):

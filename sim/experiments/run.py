@@ -165,7 +165,8 @@ def _run_locked(path: Path, raw: dict[str, Any], overrides: list[str] | None,
     """``run_experiment`` once the output folder is checked and locked."""
     clean_temp_files(out)
     write_text(out / "experiment.yaml", yaml.safe_dump(
-        {"source": str(path), "overrides": overrides or [], "experiment": raw},
+        {"source": str(path), "base_dir": str(base_dir), "overrides": overrides or [],
+         "experiment": raw},
         sort_keys=False))
     todo: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()

@@ -18,7 +18,7 @@ import yaml
 from sim.core.errors import InputError
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, policy_label
 from sim.experiments.results import read_table, write_text
-from sim.experiments.runner import engine_profile_of, run_id
+from sim.experiments.runner import engine_profile_of, pin_inputs, run_id
 from sim.report import plots as P
 
 #: Report table columns (summary.csv names) and their headers.
@@ -245,6 +245,9 @@ def regenerate(out: Path) -> None:
         raw = doc["experiment"]
         base, runs = expand_runs(raw, doc.get("overrides") or [],
                                  source=str(doc.get("source", exp)))
+        if doc.get("base_dir"):  # input files' digests are part of the run ids
+            runs = [RunSpec(pin_inputs(s.config, Path(doc["base_dir"])), s.swept, s.label)
+                    for s in runs]
     except (yaml.YAMLError, KeyError, TypeError, ConfigError) as e:
         raise InputError(f"{exp}: cannot rebuild the experiment: {e}") from None
     try:
