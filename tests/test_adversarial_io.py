@@ -490,3 +490,19 @@ def test_api_and_cli_share_the_measurement_window_rule():
 
 def test_environment_failure_is_not_an_input_error():
     assert not issubclass(EnvironmentFailure, ValueError)
+
+
+def test_capacity_uses_the_same_output_folder_guard(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    exp = write_exp(tmp_path, name="../escaped")
+    rc, err = cli(capsys, "capacity", str(exp), "--slo", "ttft_p99_ms=1000", "--quiet")
+    assert rc == 2 and "name" in err, err
+    rc, err = cli(capsys, "capacity", str(exp), "--slo", "ttft_p99_ms=1000", "--out",
+                  "/dev/null", "--quiet")
+    assert rc == 2 and "--out" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]
+    (tmp_path / "cap").mkdir()
+    with OutputLock(tmp_path / "cap"):
+        rc, err = cli(capsys, "capacity", str(exp), "--slo", "ttft_p99_ms=1000", "--out",
+                      str(tmp_path / "cap"), "--quiet")
+    assert rc == 2 and "another batchsim command" in err, err
