@@ -92,7 +92,7 @@ class OutputLock:
     def __enter__(self) -> OutputLock:
         try:
             import fcntl
-        except ImportError:  # not POSIX: no lock (documented)
+        except ImportError:  # not POSIX (Windows): no lock, as the docs say
             return self
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -103,7 +103,11 @@ class OutputLock:
                                     f"{e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                # a file system without locks (some network mounts): go on unlocked
+                os.close(fd)
+                return self
             holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
             os.close(fd)
             raise OutputFolderError(
