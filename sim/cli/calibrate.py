@@ -27,6 +27,7 @@ from sim.cost.calibrate import (
     report_table,
 )
 from sim.cost.profiles import Calibration, GpuProfile, ProfileError, load_gpu
+from sim.experiments.results import atomic_write, write_text
 
 _ALPHA_KEYS = ("allreduce_alpha_us", "alpha_per_peer_us")
 #: What each built-in fitted GPU was fitted on, in words (the ``calibration.fitted_on`` line).
@@ -126,9 +127,8 @@ def _iteration_main(path: Path, args: Any) -> int:
     if args.report:
         out = Path(args.report)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "engine.yaml").write_text(rep.engine_yaml(), encoding="utf-8")
-        (out / "report.md").write_text(rep.table() + "\n\n![fit](iteration_fit.png)\n",
-                                       encoding="utf-8")
+        write_text(out / "engine.yaml", rep.engine_yaml())
+        write_text(out / "report.md", rep.table() + "\n\n![fit](iteration_fit.png)\n")
         _scatter(out / "iteration_fit.png", f"iteration fit: {path.name}",
                  {g: (rep.predicted_ms[rep.groups == g] / 1e3, rep.measured_ms[rep.groups == g]
                       / 1e3, rep.heldout[rep.groups == g]) for g in dict.fromkeys(rep.groups)})
@@ -205,7 +205,7 @@ def write_profile(profile: GpuProfile, report: CalibrationReport, date: str | No
         yaml.safe_load(text)
     except yaml.YAMLError as e:  # never leave a broken profile behind
         raise CalibrationError(f"{path}: rewritten YAML would not parse ({e})") from e
-    path.write_text(text, encoding="utf-8")
+    write_text(path, text)  # atomically: a crash never leaves the profile half-written
     return path
 
 
@@ -235,7 +235,7 @@ def _scatter(path: Path, title: str,
            title=title)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110))
 
 
 def write_report(reports: list[CalibrationReport], out: Path) -> Path:
@@ -249,5 +249,5 @@ def write_report(reports: list[CalibrationReport], out: Path) -> Path:
                  r.points)
         parts += [f"## {r.gpu}", "", f"Data: `{r.data}`", "", f"![{r.gpu}]({png})", ""]
     path = out / "report.md"
-    path.write_text("\n".join(parts), encoding="utf-8")
+    write_text(path, "\n".join(parts))
     return path

@@ -261,10 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``batchsim`` console script."""
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    if getattr(args, "quiet", False):
-        warnings.simplefilter("ignore")  # "nothing but errors"; pool workers inherit it
     try:
-        return func(args)
+        with warnings.catch_warnings():
+            if getattr(args, "quiet", False):
+                warnings.simplefilter("ignore")  # "nothing but errors"; pool workers inherit it
+            return func(args)
     except KeyboardInterrupt:
         print("batchsim: interrupted; finished runs are kept, re-run to resume",
               file=sys.stderr)

@@ -325,7 +325,8 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
     base_dir = str(path.resolve().parent)
     preflight([RunSpec(t.at(t.start), t.swept, t.label) for t in targets], Path(base_dir),
               str(path))
-    folder = output_folder(out, base["name"], str(path), suffix="-capacity")
+    folder = output_folder(out, base["name"], str(path), suffix="-capacity",
+                           subfolder="probes")
     with OutputLock(folder):
         return _search_all(base, targets, folder, base_dir, slos, tolerance, jobs, quiet)
 

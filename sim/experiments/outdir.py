@@ -53,9 +53,11 @@ def check_name(name: Any, source: str) -> str:
     return text
 
 
-def output_folder(out: str | Path | None, name: Any, source: str, suffix: str = "") -> Path:
-    """The absolute output folder (``out``, else ``runs/<name><suffix>``), created and checked
-    to be a writable folder; every problem is one ``OutputFolderError`` line."""
+def output_folder(out: str | Path | None, name: Any, source: str, suffix: str = "",
+                  subfolder: str = "runs") -> Path:
+    """The absolute output folder (``out``, else ``runs/<name><suffix>``), created with its
+    ``subfolder`` and checked to be writable; every problem is one ``OutputFolderError``
+    line."""
     if out is None:
         path = Path("runs") / (check_name(name, source) + suffix)
     elif not str(out).strip() or "\0" in str(out):
@@ -66,7 +68,7 @@ def output_folder(out: str | Path | None, name: Any, source: str, suffix: str = 
     try:
         if path.exists() and not path.is_dir():
             raise OutputFolderError(f"--out {path}: exists and is not a folder")
-        (path / "runs").mkdir(parents=True, exist_ok=True)
+        (path / subfolder).mkdir(parents=True, exist_ok=True)
         if not os.access(path, os.W_OK | os.X_OK):
             raise OSError(errno.EACCES, "permission denied", str(path))
     except OSError as e:
@@ -90,7 +92,7 @@ class OutputLock:
     def __enter__(self) -> OutputLock:
         try:
             import fcntl
-        except ImportError:  # not POSIX: no lock (documented)
+        except ImportError:  # not POSIX (Windows): no lock, as the docs say
             return self
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -101,7 +103,11 @@ class OutputLock:
                                     f"{e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                # a file system without locks (some network mounts): go on unlocked
+                os.close(fd)
+                return self
             holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
             os.close(fd)
             raise OutputFolderError(

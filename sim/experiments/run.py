@@ -212,7 +212,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
     """``run_experiment`` once the output folder is checked and locked."""
     clean_temp_files(out)
     write_text(out / "experiment.yaml", yaml.safe_dump(
-        {"source": str(path), "overrides": _plain_overrides(overrides),
+        {"source": str(path), "base_dir": str(base_dir),
+         "overrides": _plain_overrides(overrides),
          **({"sweeps": dict(sweeps)} if sweeps else {}), "experiment": raw},
         sort_keys=False))
     todo: list[tuple[str, dict[str, Any]]] = []

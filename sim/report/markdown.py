@@ -20,7 +20,7 @@ from sim.cost.profiles import calibration_notes
 from sim.cost.validity import validity_line
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, policy_label
 from sim.experiments.results import write_text
-from sim.experiments.runner import engine_profile_of, run_id
+from sim.experiments.runner import engine_profile_of, pin_inputs, run_id
 from sim.report.context import ReportContext, build_context, trace_name, values
 from sim.report.headline import headline_intro, headlines
 from sim.report.html import render_html
@@ -129,7 +129,10 @@ def regenerate(out: Path) -> None:
         doc = yaml.safe_load(exp.read_text(encoding="utf-8"))
         raw = doc["experiment"]
         base, runs = expand_runs(raw, doc.get("overrides") or [],
-                                 source=str(doc.get("source", exp)))
+                                 source=str(doc.get("source", exp)), sweeps=doc.get("sweeps"))
+        if doc.get("base_dir"):  # input files' digests are part of the run ids
+            runs = [RunSpec(pin_inputs(s.config, Path(doc["base_dir"])), s.swept, s.label)
+                    for s in runs]
     except (yaml.YAMLError, KeyError, TypeError, ConfigError) as e:
         raise InputError(f"{exp}: cannot rebuild the experiment: {e}") from None
     try:
