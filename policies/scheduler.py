@@ -42,7 +42,8 @@ from policies.packing import (
     watermark_blocks,
 )
 from policies.registry import Policy, register
-from sim.core.rules import VICTIM_NEWEST
+from sim.core.rules import VICTIM_NEWEST, blocks_needed
+from sim.core.rules import max_fitting_tokens as fitting
 from sim.core.scheduling import VICTIMS, SchedulingSpec
 from sim.core.types import KVView, Plan, SeqView, View
 
@@ -107,6 +108,7 @@ def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
     budget = budget_for(kv, spec.max_num_seqs, limit)
     victim, deadline = _victim_rule(spec)
     victims = list(view.running)  # admission order: the tail is the newest
+    paged = kv.reserve_tokens is None and kv.reserve_output_tokens is None  # no slab floor
     done: set[int] = set()  # scheduled, passed over or preempted: no longer a victim
     preempt: list[int] = []
     num_decodes = 0
@@ -118,9 +120,11 @@ def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
             n = 1 if decoding else _cap(seq, budget, chunk)
             if n < 1 or budget.seqs < 1:
                 continue  # budget spent: it keeps its KV and continues next step
-            n = _fit(kv, seq, n, budget, victims, done, preempt, victim, deadline)
+            floor = 0 if paged else kv.floor_tokens(seq)
+            n = _fit(kv, seq, floor, n, budget, victims, done, preempt, victim, deadline)
             if n:
-                budget.take(seq, n, kv.blocks_needed(seq, n))
+                budget.take(seq, n, blocks_needed(seq.num_computed_tokens + n, floor,
+                                                  seq.num_blocks, kv.block_size))
                 num_decodes += decoding
             elif decoding:  # no victim left: give up its own blocks rather than stall
                 preempt.append(seq.id)
@@ -147,11 +151,15 @@ def _cap(seq: SeqView, budget: Budget, chunk_size: int | None) -> int:
     return min(cap, chunk_size) if chunk_size else cap
 
 
-def _fit(kv: KVView, seq: SeqView, n: int, budget: Budget, victims: list[SeqView],
-         done: set[int], preempt: list[int], victim: int, deadline: Deadline | None) -> int:
-    """Tokens of ``seq`` (up to ``n``) that fit, preempting victims as needed."""
+def _fit(kv: KVView, seq: SeqView, floor: int, n: int, budget: Budget,
+         victims: list[SeqView], done: set[int], preempt: list[int], victim: int,
+         deadline: Deadline | None) -> int:
+    """Tokens of ``seq`` (up to ``n``; ``floor``: its slab reservation) that fit, preempting
+    victims as needed. Calls the rule itself, not ``packing.max_fitting_tokens``: this runs
+    for every running request every step."""
     while True:
-        fit = max_fitting_tokens(kv, seq, budget.free_blocks, n)
+        fit = fitting(seq.num_computed_tokens, seq.num_blocks, floor, kv.block_size,
+                      budget.free_blocks, n)
         if victim == VICTIM_NEWEST:
             while victims and victims[-1].id in done:
                 victims.pop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.errors import InputError
+from sim.core.rules import blocks_for
 
 #: Context lengths at which ``describe_capacity`` shows how many sequences fit at once.
 CONTEXTS = (1024, 4096, 8192)
@@ -47,7 +48,7 @@ class KVCapacity:
 
     def max_seqs(self, context_len: int) -> int:
         """Sequences of ``context_len`` tokens that fit at once (paged: whole blocks each)."""
-        return self.num_blocks // -(-context_len // self.block_size)
+        return self.num_blocks // blocks_for(context_len, self.block_size)
 
 
 def kv_capacity(model: str, hardware: str, tp: int = 1, block_size: int = 16,
