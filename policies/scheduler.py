@@ -6,7 +6,7 @@ step's plan; it is the readable definition of every iteration-level policy the p
 specification's fields directly::
 
     policy: {name: scheduler, composition: decode_first, order: edf, victim: priority,
-             ttft_targets_s: {0: 2.0, 1: 0.25}}
+             ttft_targets_s: {"0": 2.0, "1": 0.25}}
 
 Two step shapes cover the three compositions:
 
@@ -112,8 +112,12 @@ def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
     done: set[int] = set()  # scheduled, passed over or preempted: no longer a victim
     preempt: list[int] = []
     num_decodes = 0
-    for decoding in (True, False):
-        for seq in [s for s in view.running if s.is_prefill != decoding]:
+    decodes: list[SeqView] = []
+    prefills: list[SeqView] = []
+    for s in view.running:  # one pass: ``is_prefill`` is a property, read once per request
+        (prefills if s.is_prefill else decodes).append(s)
+    for decoding, group in ((True, decodes), (False, prefills)):
+        for seq in group:
             if seq.id in done:
                 continue
             done.add(seq.id)
@@ -183,6 +187,7 @@ class Scheduler(SchedulingSpec, Policy):
         bad = self.problem()
         if bad:
             self._require(False, *bad)
+        self._prepare()
 
     @property
     def spec(self) -> SchedulingSpec:

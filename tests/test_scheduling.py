@@ -181,3 +181,13 @@ def test_the_documented_table_is_the_generated_one():
     begin, end = "<!-- spec-table:begin -->\n", "\n<!-- spec-table:end -->"
     assert text[text.index(begin) + len(begin):text.index(end)] == spec_table(), (
         "docs/policies.md: paste sim.core.scheduling.spec_table() between the spec-table markers")
+
+
+def test_ttft_targets_take_integer_or_decimal_text_keys():
+    # YAML mapping keys are strings: "1" names priority class 1, as the integer 1 does
+    for targets in ({1: 0.5}, {"1": 0.5}):
+        policy = make_policy({"name": "scheduler", "ttft_target_s": 3.0,
+                              "ttft_targets_s": targets})
+        assert (policy.target_s(1), policy.target_s(0)) == (0.5, 3.0)
+    with pytest.raises(PolicyError, match="ttft_targets_s: each entry"):
+        make_policy({"name": "scheduler", "ttft_targets_s": {"gold": 0.5}})
