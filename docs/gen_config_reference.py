@@ -111,7 +111,8 @@ def schema_section(schema: dict[str, Any]) -> list[str]:
 def annotation_text(annotation: Any) -> str:
     """A policy field's annotation (``int | None``) in the words of the schema tables."""
     words = {"int": "integer", "float": "number", "str": "string", "bool": "boolean",
-             "None": "null", "list[int]": "list of integers"}
+             "None": "null", "list[int]": "list of integers",
+             "Mapping[int, float]": "mapping of priority to seconds"}
     return " or ".join(words.get(part.strip(), part.strip())
                        for part in str(annotation).split("|"))
 

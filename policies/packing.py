@@ -98,8 +98,10 @@ def watermark_blocks(kv: KVView, watermark: float) -> int:
 def max_fitting_tokens(kv: KVView, seq: SeqView, free_blocks: int, cap: int) -> int:
     """The most tokens of ``seq`` (at most ``cap``) whose KV fits in ``free_blocks`` (0 if
     none): ``sim.core.rules.max_fitting_tokens``."""
+    paged = kv.reserve_tokens is None and kv.reserve_output_tokens is None  # no floor
     return rules.max_fitting_tokens(seq.num_computed_tokens, seq.num_blocks,
-                                    kv.floor_tokens(seq), kv.block_size, free_blocks, cap)
+                                    0 if paged else kv.floor_tokens(seq), kv.block_size,
+                                    free_blocks, cap)
 
 
 def pick_victim(candidates: Sequence[SeqView], victim: int, deadline: Deadline | None,

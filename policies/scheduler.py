@@ -6,7 +6,7 @@ step's plan; it is the readable definition of every iteration-level policy the p
 specification's fields directly::
 
     policy: {name: scheduler, composition: decode_first, order: edf, victim: priority,
-             ttft_targets_s: {0: 2.0, 1: 0.25}}
+             ttft_targets_s: {"0": 2.0, "1": 0.25}}
 
 Two step shapes cover the three compositions:
 
@@ -42,7 +42,8 @@ from policies.packing import (
     watermark_blocks,
 )
 from policies.registry import Policy, register
-from sim.core.rules import VICTIM_NEWEST
+from sim.core.rules import VICTIM_NEWEST, blocks_needed
+from sim.core.rules import max_fitting_tokens as fitting
 from sim.core.scheduling import VICTIMS, SchedulingSpec
 from sim.core.types import KVView, Plan, SeqView, View
 
@@ -107,20 +108,27 @@ def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
     budget = budget_for(kv, spec.max_num_seqs, limit)
     victim, deadline = _victim_rule(spec)
     victims = list(view.running)  # admission order: the tail is the newest
+    paged = kv.reserve_tokens is None and kv.reserve_output_tokens is None  # no slab floor
     done: set[int] = set()  # scheduled, passed over or preempted: no longer a victim
     preempt: list[int] = []
     num_decodes = 0
-    for decoding in (True, False):
-        for seq in [s for s in view.running if s.is_prefill != decoding]:
+    decodes: list[SeqView] = []
+    prefills: list[SeqView] = []
+    for s in view.running:  # one pass: ``is_prefill`` is a property, read once per request
+        (prefills if s.is_prefill else decodes).append(s)
+    for decoding, group in ((True, decodes), (False, prefills)):
+        for seq in group:
             if seq.id in done:
                 continue
             done.add(seq.id)
             n = 1 if decoding else _cap(seq, budget, chunk)
             if n < 1 or budget.seqs < 1:
                 continue  # budget spent: it keeps its KV and continues next step
-            n = _fit(kv, seq, n, budget, victims, done, preempt, victim, deadline)
+            floor = 0 if paged else kv.floor_tokens(seq)
+            n = _fit(kv, seq, floor, n, budget, victims, done, preempt, victim, deadline)
             if n:
-                budget.take(seq, n, kv.blocks_needed(seq, n))
+                budget.take(seq, n, blocks_needed(seq.num_computed_tokens + n, floor,
+                                                  seq.num_blocks, kv.block_size))
                 num_decodes += decoding
             elif decoding:  # no victim left: give up its own blocks rather than stall
                 preempt.append(seq.id)
@@ -147,11 +155,15 @@ def _cap(seq: SeqView, budget: Budget, chunk_size: int | None) -> int:
     return min(cap, chunk_size) if chunk_size else cap
 
 
-def _fit(kv: KVView, seq: SeqView, n: int, budget: Budget, victims: list[SeqView],
-         done: set[int], preempt: list[int], victim: int, deadline: Deadline | None) -> int:
-    """Tokens of ``seq`` (up to ``n``) that fit, preempting victims as needed."""
+def _fit(kv: KVView, seq: SeqView, floor: int, n: int, budget: Budget,
+         victims: list[SeqView], done: set[int], preempt: list[int], victim: int,
+         deadline: Deadline | None) -> int:
+    """Tokens of ``seq`` (up to ``n``; ``floor``: its slab reservation) that fit, preempting
+    victims as needed. Calls the rule itself, not ``packing.max_fitting_tokens``: this runs
+    for every running request every step."""
     while True:
-        fit = max_fitting_tokens(kv, seq, budget.free_blocks, n)
+        fit = fitting(seq.num_computed_tokens, seq.num_blocks, floor, kv.block_size,
+                      budget.free_blocks, n)
         if victim == VICTIM_NEWEST:
             while victims and victims[-1].id in done:
                 victims.pop()
@@ -175,6 +187,7 @@ class Scheduler(SchedulingSpec, Policy):
         bad = self.problem()
         if bad:
             self._require(False, *bad)
+        self._prepare()
 
     @property
     def spec(self) -> SchedulingSpec:

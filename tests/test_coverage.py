@@ -79,8 +79,10 @@ def test_batchsim_run_names_the_fallback(tmp_path, capsys):
                                 "{name: chunked_prefill, max_num_seqs: 8}"))
     assert main(["run", str(exp), "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err
-    assert ("general engine (slower, exact) for: policy.composition='decode_first' is not "
-            "covered by the fast path (2 runs)") in err
+    line = next(x for x in err.splitlines() if "general engine" in x)
+    assert line.startswith("batchsim: general engine (slower, exact) for: policy.composition="
+                           "'decode_first' is not covered by the fast path; ")
+    assert line.endswith("(2 runs)")
     summary = (Path(tmp_path / "out") / "summary.csv").read_text()
     assert "sim_engine" not in summary  # how it ran is no result column
 
@@ -194,3 +196,32 @@ def test_every_drawn_specification_runs_exactly_as_the_general_engine(
     why = coverage.fast_path_blocker(make_policy(policy), kv_config, cost, checks=False,
                                      event_skipping=True)
     assert (fast.engine == "general") == bool(why) and (not why or fast.engine_reason == why)
+
+
+@pytest.mark.parametrize("cls", [c for c in coverage.SPEC_POLICIES if c.name != "scheduler"],
+                         ids=lambda c: c.name)
+def test_every_preset_parameter_reaches_the_specification(cls):
+    # A parameter that the specification never sees would change nothing on either engine,
+    # or (were it read by ``schedule`` directly) only on the general one: each must move it.
+    # (``scheduler``'s parameters are the specification's fields themselves.)
+    from policies.continuous import MODES
+    from policies.ordering import ORDERINGS
+    from policies.registry import PolicyError, policy_params
+
+    words = sorted({*MODES, *ORDERINGS, *(c for d in domains().values() for c in d.choices)})
+    for name, default in policy_params(cls).items():
+        if isinstance(default, str):
+            candidates: list[Any] = [w for w in words if w != default]
+        elif default is None:
+            candidates = [1, {0: 0.5}]
+        else:
+            candidates = [default * 2 if isinstance(default, float) else default + 1]
+        for value in candidates:
+            try:
+                policy = make_policy({"name": cls.name, name: value})
+            except PolicyError:
+                continue
+            assert policy.spec != make_policy(cls.name).spec, name
+            break
+        else:
+            pytest.fail(f"no other valid value found for {cls.name}.{name}")

@@ -10,6 +10,7 @@ hand-computed timelines with a one-second ``ConstantCost`` step.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +161,33 @@ def test_edf_default_target_applies_to_unlisted_classes():
                               "ttft_target_s": 0.05, "ttft_targets_s": {0: 10.0}},
                        STEP, kv=None, checks=True)
     assert by_id(res, "first_token_s") == [1.0, 7.0, 4.0]
+
+
+def test_the_compiled_kernel_is_rebuilt_when_the_rules_change():
+    # numba's cache of the kernel only watches its own file: it records the rules' hash
+    import hashlib
+
+    from sim.engine import kernel_loop
+
+    source = Path(rules.__file__).read_bytes()
+    assert kernel_loop.RULES_SHA256 == hashlib.sha256(source).hexdigest(), (
+        "sim/core/rules.py changed: update RULES_SHA256 in sim/engine/kernel_loop.py")
+
+
+def test_the_documented_table_is_the_generated_one():
+    from sim.core.scheduling import spec_table
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "policies.md").read_text()
+    begin, end = "<!-- spec-table:begin -->\n", "\n<!-- spec-table:end -->"
+    assert text[text.index(begin) + len(begin):text.index(end)] == spec_table(), (
+        "docs/policies.md: paste sim.core.scheduling.spec_table() between the spec-table markers")
+
+
+def test_ttft_targets_take_integer_or_decimal_text_keys():
+    # YAML mapping keys are strings: "1" names priority class 1, as the integer 1 does
+    for targets in ({1: 0.5}, {"1": 0.5}):
+        policy = make_policy({"name": "scheduler", "ttft_target_s": 3.0,
+                              "ttft_targets_s": targets})
+        assert (policy.target_s(1), policy.target_s(0)) == (0.5, 3.0)
+    with pytest.raises(PolicyError, match="ttft_targets_s: each entry"):
+        make_policy({"name": "scheduler", "ttft_targets_s": {"gold": 0.5}})

@@ -13,6 +13,13 @@ first allocation.
 """
 from __future__ import annotations
 
+from typing import TypeVar
+
+import numpy as np
+
+#: An integer, or an integer numpy array (``blocks_for`` is elementwise on arrays too).
+Tokens = TypeVar("Tokens", int, np.ndarray)
+
 #: Total blocks at or above which a cache counts as unlimited (``sim.kv.config.UNLIMITED_BLOCKS``).
 UNLIMITED_BLOCKS = 1 << 40
 
@@ -20,8 +27,8 @@ UNLIMITED_BLOCKS = 1 << 40
 VICTIM_NEWEST, VICTIM_PRIORITY, VICTIM_DEADLINE = 0, 1, 2
 
 
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    """Blocks that hold ``num_tokens`` tokens (exact integer ceiling)."""
+def blocks_for(num_tokens: Tokens, block_size: int) -> Tokens:
+    """Blocks that hold ``num_tokens`` tokens (exact integer ceiling; elementwise on arrays)."""
     return -(-num_tokens // block_size)
 
 

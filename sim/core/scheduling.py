@@ -51,7 +51,8 @@ class Domain:
             if not isinstance(value, Mapping):
                 return f"must be a mapping of priority to seconds, got {value!r}"
             for k, v in value.items():
-                if not _is_int(k) or not _is_real(v) or not math.isfinite(v) or v <= 0:
+                if (_class_of(k) is None or not _is_real(v) or not math.isfinite(v)
+                        or v <= 0):
                     return f"each entry must be integer priority: seconds > 0, got {k!r}: {v!r}"
             return ""
         if self.kind == "int" and not _is_int(value):
@@ -74,6 +75,16 @@ class Domain:
         text = f"[{low}, {high}{')' if self.max_exclusive or self.maximum is None else ']'}"
         return ("null or " if self.optional else "") + ("integer " if self.kind == "int"
                                                          else "") + text
+
+
+def _class_of(key: Any) -> int | None:
+    """A priority class from a mapping key: an integer, or its decimal text (YAML keys are
+    strings); ``None`` when it is neither."""
+    if _is_int(key):
+        return int(key)
+    if isinstance(key, str) and key.strip().lstrip("+-").isdigit():
+        return int(key)
+    return None
 
 
 def _is_int(value: Any) -> bool:
@@ -136,12 +147,18 @@ class SchedulingSpec:
         "`deadline`).", minimum=0.0, maximum=1e9))
     ttft_targets_s: Mapping[int, float] | None = _field(None, Domain(
         "targets", "TTFT target in seconds per priority class (a request's `priority` "
-        "value), e.g. `{0: 2.0, 1: 0.5}`."))
+        "value), e.g. `{\"0\": 2.0, \"1\": 0.5}` (YAML keys are strings)."))
 
     def __post_init__(self) -> None:
         bad = self.problem()
         if bad:
             raise InputError(bad[1], field=f"policy.{bad[0]}")
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Index the TTFT targets by integer class once (valid specifications only)."""
+        targets = {_class_of(k): float(v) for k, v in (self.ttft_targets_s or {}).items()}
+        object.__setattr__(self, "_targets", targets)  # derived, not a field
 
     def problem(self) -> tuple[str, str] | None:
         """The first ``(field, problem)`` of an invalid specification, else ``None``: each
@@ -167,10 +184,8 @@ class SchedulingSpec:
 
     def target_s(self, priority: int) -> float:
         """The TTFT target of a request of this priority class."""
-        targets = self.ttft_targets_s
-        if targets:
-            return float(targets.get(priority, self.ttft_target_s))
-        return self.ttft_target_s
+        targets: dict[int, float] = self._targets  # type: ignore[attr-defined]
+        return targets.get(priority, self.ttft_target_s) if targets else self.ttft_target_s
 
 
 def domains() -> dict[str, Domain]:

@@ -72,16 +72,18 @@ def spec_of(policy: object) -> SchedulingSpec | None:
 
 def uncovered(value: object, table: Mapping[str, frozenset[Any] | None], prefix: str,
               path: str) -> str:
-    """The first field of dataclass ``value`` whose value ``table`` does not allow, as a
-    reason ('' when all are allowed); a field missing from ``table`` is not allowed."""
+    """Every field of dataclass ``value`` whose value ``table`` does not allow, as a reason
+    ('' when all are allowed); a field missing from ``table`` is not allowed."""
+    reasons = []
     for f in dataclasses.fields(value):  # type: ignore[arg-type]
         v = getattr(value, f.name)
         if f.name not in table:
-            return f"{prefix}{f.name} is not mapped for the {path}"
+            reasons.append(f"{prefix}{f.name} is not mapped for the {path}")
+            continue
         allowed = table[f.name]
         if allowed is not ANY and v not in allowed:
-            return f"{prefix}{f.name}={v!r} is not covered by the {path}"
-    return ""
+            reasons.append(f"{prefix}{f.name}={v!r} is not covered by the {path}")
+    return "; ".join(reasons)
 
 
 def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, checks: bool,

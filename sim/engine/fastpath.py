@@ -115,7 +115,7 @@ def arrival_rejections(prompt: Any, out: Any, kv: KVConfig, max_tokens: int,
     """Why each request that can never run is rejected on arrival (``never_fits``, or a prompt
     over the token budget), by index: a vectorized pass finds the few suspects."""
     prompts, outputs = np.asarray(prompt, dtype=np.int64), np.asarray(out, dtype=np.int64)
-    risky = (prompts > max_tokens) | (-(-(prompts + 1) // kv.block_size) > kv.num_blocks)
+    risky = (prompts > max_tokens) | (rules.blocks_for(prompts + 1, kv.block_size) > kv.num_blocks)
     if max_model_len is not None:
         risky |= prompts + outputs > max_model_len
     reasons = {}
@@ -240,7 +240,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         key_sum -= k
         residues[k % bs] -= 1
         epoch[i] += 1
-        used -= -(-computed // bs)
+        used -= blocks_for(computed, bs)
 
     def reject(i: int, now: float, why: str) -> None:
         status[i] = REJECTED
@@ -287,7 +287,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
             c = key[v] + G
             if c % bs == 0:
                 need -= 1
-            free += -(-c // bs)
+            free += blocks_for(c, bs)
             victims.append(v)
             for _, members in reversed(groups):  # the newest admitted is last here
                 if members:
@@ -365,7 +365,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
             tokens = prompt[i] + gen[i]
             if max_held[i]:
                 recomputed += min(tokens, max_held[i])
-            used += -(-tokens // bs)
+            used += blocks_for(tokens, bs)
             sizes.append(tokens)
         return sizes, recomputed
 
@@ -395,9 +395,9 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
             if g >= out[i]:
                 status[i] = FINISHED
                 finish[i] = end
-                used -= -(-tokens // bs)
-            elif tokens >= capacity and -(-(tokens + 1) // bs) > num_blocks:
-                used -= -(-tokens // bs)
+                used -= blocks_for(tokens, bs)
+            elif tokens >= capacity and blocks_for(tokens + 1, bs) > num_blocks:
+                used -= blocks_for(tokens, bs)
                 reject(i, end, "context outgrew the KV cache")
             else:
                 admit_running(i, tokens, end)
@@ -443,7 +443,7 @@ def run_continuous(arrival: list[float], prompt: list[int], out: list[int],
         (``c_max``, the longest context this step, tells cheaply that none did)."""
         while c_max >= capacity and running and G - top(max_heap) >= capacity:
             i = max_heap[0][1]
-            if -(-(key[i] + G + 1) // bs) <= num_blocks:
+            if blocks_for(key[i] + G + 1, bs) <= num_blocks:
                 break
             del running[i]
             leave(i)

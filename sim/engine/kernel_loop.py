@@ -15,7 +15,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, objmode
 
+from sim.core import rules
 from sim.engine.fastkernel import fill_decode_row, fill_dense_row, past_deadline, prefill_cost
+
+# The scalar rules, compiled from their one definition (``sim.core.rules``) rather than
+# restated. numba's on-disk cache of ``run_segment`` only notices when *this* file changes,
+# so ``RULES_SHA256`` records the rules' source: a test fails when they differ, and updating
+# it here is what invalidates the cached kernel.
+RULES_SHA256 = "889a45daa995e9d9c7bedbbf5dfe5df950e5bceed58b0966a8fb47b40d7195bd"
+blocks_for = njit(cache=True, inline="always")(rules.blocks_for)
+admits = njit(cache=True, inline="always")(rules.admits)
 
 # Codes shared with ``sim.engine.fastkernel``, defined here because numba freezes a cached kernel's
 # globals and only notices when this file changes.
@@ -335,8 +344,8 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
             for q in range(queue_len):
                 i = preempted[n_pre - 1 - q] if q < n_pre else waiting[w_head + q - n_pre]
                 tokens = prompt[i] + gen[i]
-                blocks = -(-tokens // bs)
-                if seats < 1 or tokens > budget or free - blocks < mark:
+                blocks = blocks_for(tokens, bs)
+                if not admits(seats, tokens, budget, free, blocks, mark):
                     break
                 seats -= 1
                 budget -= tokens
@@ -358,7 +367,7 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
                 tokens = prompt[i] + gen[i]
                 if max_held[i]:
                     recomputed += min(tokens, max_held[i])
-                used += -(-tokens // bs)
+                used += blocks_for(tokens, bs)
                 sizes[j] = tokens
                 total += tokens
             # -- ``RooflineCost.prefill_cost`` in the kernel; Python for what it leaves out ----
@@ -402,9 +411,9 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
                         n_irr = _add_irregular(irr, irr_count, n_irr, end, gap, 1)
                 if g >= out[i]:
                     status[i], finish[i] = FINISHED, end
-                    used -= -(-tokens // bs)
-                elif tokens >= capacity and -(-(tokens + 1) // bs) > num_blocks:
-                    used -= -(-tokens // bs)
+                    used -= blocks_for(tokens, bs)
+                elif tokens >= capacity and blocks_for(tokens + 1, bs) > num_blocks:
+                    used -= blocks_for(tokens, bs)
                     status[i], reason[i], finish[i] = REJECTED, OUTGREW, end
                 else:
                     # ``admit_running``
@@ -460,7 +469,7 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
                         c = key[v] + G
                         if c % bs == 0:
                             need -= 1
-                        free += -(-c // bs)
+                        free += blocks_for(c, bs)
                         victims[n_victims] = v
                         n_victims += 1
                         if n_members and members[n_members - 1] == v:
@@ -582,7 +591,7 @@ def run_segment(arrival, prompt, out, rejected_on_arrival, params_i, params_f,  
                         if G - max_heap[0, 0] < capacity:
                             break
                         i = max_heap[0, 1]
-                        if -(-(key[i] + G + 1) // bs) <= num_blocks:
+                        if blocks_for(key[i] + G + 1, bs) <= num_blocks:
                             break
                         run_head, run_tail = _unlink(i, run_prev, run_next, run_head,
                                                      run_tail)
@@ -665,7 +674,7 @@ def _leave(i, G, last_decode_end, key, base, adm_g, adm_end, gen, max_held, last
         last_tok[i] = adm_end[i]
     residues[k % bs] -= 1
     epoch[i] += 1
-    return key_sum - k, used - (-(-computed // bs)), n_gap
+    return key_sum - k, used - blocks_for(computed, bs), n_gap
 
 
 @njit(cache=True)

@@ -28,6 +28,7 @@ import numpy as np
 import simpy
 
 from policies.registry import Policy
+from sim.core.rules import blocks_for, blocks_needed, target_tokens
 from sim.core.state import Seq
 from sim.core.types import BatchShape, Plan, Request, SeqView, View
 from sim.cost.base import CostModel
@@ -58,7 +59,7 @@ def never_fits(cfg: KVConfig, max_model_len: int | None, prompt: int, output: in
     reserve = cfg.reserve_for(prompt)
     if cfg.allocator == "slab" and prompt + 1 > reserve:
         return f"prompt of {prompt} tokens exceeds the slab reservation of {reserve} tokens"
-    need = -(-max(prompt + 1, reserve) // cfg.block_size)
+    need = blocks_for(target_tokens(prompt + 1, reserve), cfg.block_size)
     if need > cfg.num_blocks:
         return f"needs {need} KV blocks, the cache has {cfg.num_blocks}"
     return ""
@@ -366,8 +367,8 @@ class Replica:
             if seq.max_held > computed:  # ``seq.num_recomputed(n)``, inlined
                 recomputed += min(target, seq.max_held) - computed
             if paged:
-                need = -(-target // bs) - seq.num_blocks
-                if need > 0:
+                need = blocks_needed(target, 0, seq.num_blocks, bs)
+                if need:
                     pool.take_for(seq, need)
             else:
                 pool.grow(seq, target)
@@ -452,7 +453,7 @@ class Replica:
 
     def _never_grows(self, seq: Seq) -> bool:
         cfg = self.pool.config
-        return -(-(seq.num_computed + 1) // cfg.block_size) > cfg.num_blocks
+        return blocks_for(seq.num_computed + 1, cfg.block_size) > cfg.num_blocks
 
     def check_invariants(self) -> None:
         """Deep per-step checks (on in tests): KV conservation and per-sequence consistency."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.core.rules import blocks_for, blocks_needed
 from sim.core.types import BatchShape, Plan
 from sim.cost.base import step_series
 
@@ -51,7 +52,7 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
         bs, free = cfg.block_size, rep.pool.view_free
 
         def need(steps: int) -> int:
-            return int(np.maximum(-(-(computed + steps) // bs) - held, 0).sum())
+            return int(np.maximum(blocks_for(computed + steps, bs) - held, 0).sum())
 
         if need(k) > free:  # largest k whose growth fits: need() is monotone in k
             lo, hi = 0, k
@@ -117,8 +118,8 @@ def commit_skip(rep: Replica, plan: Plan, series: Any, ends: np.ndarray, compute
     else:  # paged: ``pool.grow`` inlined
         for seq in batch:
             seq.skip(k, end, worst)
-            need = -(-seq.num_computed // bs) - seq.num_blocks
-            if need > 0:
+            need = blocks_needed(seq.num_computed, 0, seq.num_blocks, bs)
+            if need:
                 pool.take_for(seq, need)
     settle = rep.settle
     for seq in batch:

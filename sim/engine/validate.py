@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NoReturn
 
+from sim.core.rules import blocks_needed
 from sim.core.types import Plan, View
 
 if TYPE_CHECKING:
@@ -50,9 +51,8 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
     blocks = 0
     kv = view.kv
     bs = kv.block_size
-    # ``kv.blocks_needed(seen, n)``, inlined: the floor is the slab reservation, if any
-    per_seq = kv.reserve_output_tokens
-    fixed = kv.reserve_tokens if per_seq is None else None
+    # ``kv.blocks_needed(seen, n)`` without its method call: paged has no floor
+    paged = kv.reserve_tokens is None and kv.reserve_output_tokens is None
     running, waiting, preempted, reject = rep.running, rep.waiting, rep.preempted, plan.reject
     for sid, n in plan.run.items():
         seq = running.get(sid) or waiting.get(sid) or preempted.get(sid)
@@ -64,14 +64,8 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
         if n.__class__ is not int and not isinstance(n, int) or n < 1 or n > left:
             fail(rep, now, f"request {sid}: {n!r} tokens scheduled, 1..{left} allowed")
         total += n
-        target = computed + n
-        if per_seq is not None:
-            target = max(target, seen.num_prompt_tokens + per_seq)
-        elif fixed is not None:
-            target = max(target, fixed)
-        need = -(-target // bs) - seen.num_blocks
-        if need > 0:
-            blocks += need
+        blocks += blocks_needed(computed + n, 0 if paged else kv.floor_tokens(seen),
+                                seen.num_blocks, bs)
     if pol.max_num_batched_tokens is not None and total > pol.max_num_batched_tokens:
         fail(rep, now, f"{total} tokens > max_num_batched_tokens={pol.max_num_batched_tokens}")
     if blocks > kv.free_blocks + freed:

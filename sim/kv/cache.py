@@ -20,6 +20,7 @@ Two ledgers, both checked every step in tests:
 """
 from __future__ import annotations
 
+from sim.core.rules import blocks_needed
 from sim.core.state import Seq
 from sim.core.types import KVView
 from sim.kv.config import KVConfig
@@ -53,9 +54,9 @@ class BlockPool:
     def grow(self, seq: Seq, num_tokens: int) -> None:
         """Give ``seq`` the blocks to hold ``num_tokens`` (at least its slab reservation)."""
         cfg = self.config
-        target = max(num_tokens, cfg.reserve_for(seq.req.num_prompt_tokens))
-        need = -(-target // cfg.block_size) - seq.num_blocks
-        if need > 0:
+        need = blocks_needed(num_tokens, cfg.reserve_for(seq.req.num_prompt_tokens),
+                             seq.num_blocks, cfg.block_size)
+        if need:
             self._take(need)
             seq.num_blocks += need
             self.charged += need

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.fields import check_value
+from sim.core.rules import blocks_for
 from sim.kv.config import KV_FIELDS
 
 #: Context lengths at which ``describe_capacity`` shows how many sequences fit at once.
@@ -50,7 +51,7 @@ class KVCapacity:
 
     def max_seqs(self, context_len: int) -> int:
         """Sequences of ``context_len`` tokens that fit at once (paged: whole blocks each)."""
-        return self.num_blocks // -(-context_len // self.block_size)
+        return self.num_blocks // blocks_for(context_len, self.block_size)
 
 
 def kv_capacity(model: str, hardware: str, tp: int = 1, block_size: int = 16,
