@@ -39,6 +39,7 @@ from sim.core.types import Request
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
+    from sim.engine.steps import ReplicaSteps
 
 #: Kinds of ``ReplicaEvent``: the step that computed a prompt's last token also samples the
 #: first output token, so ``prefill_done`` and ``first_token`` come together (once per request:
@@ -130,7 +131,7 @@ def replica_state(rep: Replica) -> ReplicaState:
                         None if flight is None else flight.end_s)
 
 
-def emit_first_tokens(rep: Replica, run: Mapping[int, int], end: float) -> None:
+def emit_first_tokens(rep: ReplicaSteps, run: Mapping[int, int], end: float) -> None:
     """Events of the requests whose first token the step ending at ``end`` sampled."""
     listener = rep.listener
     assert listener is not None
