@@ -11,6 +11,7 @@ from typing import Any
 from sim.core.fields import INT, MAP, NUM, OPT, STR, Key
 from sim.cost.roofline import DEFAULT_ENGINE
 from sim.kv.config import KV_FIELDS
+from sim.metrics.stream import STEP_TABLE_CHOICES
 
 SCHEMA: dict[str, Any] = {
     "name": Key(STR, "experiment", "Experiment name, used in titles and the report."),
@@ -53,7 +54,7 @@ SCHEMA: dict[str, Any] = {
         "step_table": Key(STR, "auto", "Per-step table: `full` (one row per step), `buckets` "
                           "(fixed time buckets of sums, counts and maxima; flat memory) or "
                           "`auto` (full up to 2,000,000 steps). Summaries are exact either "
-                          "way.", choices=("auto", "full", "buckets")),
+                          "way.", choices=STEP_TABLE_CHOICES),
     },
     "limits": {
         "horizon_s": Key(NUM + (OPT,), None, "Stop simulated time here (partial results are "
