@@ -90,7 +90,7 @@ def advance_until(rep: Replica, t: float) -> None:
             if flight.end_s > t:
                 break  # straddles t: still in flight
             rep.clock = flight.end_s
-            rep._land(t)
+            rep.land(t)
             continue
         if rep.idle:
             if rep.wake_s >= t:
@@ -98,7 +98,7 @@ def advance_until(rep: Replica, t: float) -> None:
             rep.clock, rep.idle = rep.wake_s, False
         elif rep.clock >= t:
             break  # a scheduling point at t: admissions at t come first
-        rep._begin()
+        rep.begin()
     rep.advanced_s = max(rep.advanced_s, t)
 
 

@@ -1,7 +1,7 @@
 """The replica core: scheduling points and landings, driven by SimPy or from outside.
 
-The core works in two moves: *begin* (``_begin``, at a scheduling point) and *land*
-(``_land``, at the end of the step in flight). ``Replica.process(env)`` is the SimPy process
+The core works in two moves: ``begin`` (at a scheduling point) and ``land``
+(at the end of the step in flight). ``Replica.process(env)`` is the SimPy process
 ``sim.simulate`` runs, a thin driver fed from the replica's own arrival list;
 ``advance_until`` / ``admit`` / ``close`` / ``state`` drive the same core from outside
 (``sim.engine.drive``). What a step does to the state lives in ``sim.engine.steps``.
@@ -72,9 +72,9 @@ class Replica(ReplicaSteps):
             flight = self.flight
             if flight is not None:
                 yield from self._wait_until(env, flight.end_s)
-                self._land(self._next_arrival())
+                self.land(self._next_arrival())
                 continue
-            wake = self._begin()
+            wake = self.begin()
             if self.flight is not None:
                 continue
             if wake is None:
@@ -112,7 +112,7 @@ class Replica(ReplicaSteps):
         return replica_state(self)
 
     # -- the core: one scheduling point, one landing ----------------------------------------
-    def _begin(self) -> float | None:
+    def begin(self) -> float | None:
         """At the scheduling point ``self.clock``: take the arrivals, plan, and launch a step
         (``self.flight``) or go idle. Returns when to plan again if idle (``inf``: at the next
         arrival or admission), ``None`` when the replica is done (horizon, wall-clock budget,
@@ -158,7 +158,7 @@ class Replica(ReplicaSteps):
                               swap_bytes))
         return self.flight.end_s
 
-    def _land(self, limit: float) -> None:
+    def land(self, limit: float) -> None:
         """The flight has ended (``self.clock`` is its end): commit it. A steady step may
         launch a skipped stretch (a new flight) that ends at the first step ending at or after
         ``limit`` (the next arrival, or the time the replica is advanced to)."""
