@@ -5,7 +5,7 @@ token: tens of millions of short steps for a million requests. Each mode runs in
 subprocess (its own peak RSS); the summary of the two runs is compared too.
 
     python benchmarks/step_table_memory.py                    # 300k requests
-    python benchmarks/step_table_memory.py --requests 1000000
+    python benchmarks/step_table_memory.py --requests 1000000 --modes buckets
 """
 from __future__ import annotations
 
@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300_000)
     ap.add_argument("--rate", type=float, default=2.0, help="requests per second (low load)")
     ap.add_argument("--policy", default="continuous")
+    ap.add_argument("--modes", nargs="+", default=["full", "buckets"],
+                    choices=["full", "buckets"])
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -59,7 +61,7 @@ def main() -> None:
                     str(args.rate), "--policy", args.policy, "--one", "buckets"],
                    check=True, capture_output=True)
     rows = []
-    for mode in ("full", "buckets"):
+    for mode in args.modes:
         out = subprocess.run([sys.executable, __file__, "--requests", str(args.requests),
                               "--rate", str(args.rate), "--policy", args.policy,
                               "--one", mode], check=True, capture_output=True, text=True)
@@ -69,6 +71,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['mode']:8} {r['requests']:>9} {r['steps']:>10} {r['table_rows']:>10} "
               f"{r['wall_s']:>7} {r['peak_rss_mb']:>11}")
+    if len(rows) < 2:
+        return
     full, bucketed = rows[0]["summary"], rows[1]["summary"]
     worst = max((abs(bucketed[k] - v) / abs(v) for k, v in full.items()
                  if isinstance(v, float) and v and math.isfinite(v)), default=0.0)

@@ -102,6 +102,13 @@ def test_auto_keeps_small_runs_whole_and_buckets_large_ones(monkeypatch):
     large = sim.simulate(reqs, policy="chunked_prefill", cost=COST)
     assert large.step_table == "buckets" and len(full.steps) > 100
     assert_same_summary(full.summary, large.summary)
+    # the interpreted fast path hands its rows over at the end: "auto" buckets them there
+    fast = sim.simulate(reqs, policy="continuous", cost=COST, fast_path="interpreted")
+    fast_full = sim.simulate(reqs, policy="continuous", cost=COST, fast_path="interpreted",
+                             step_table="full")
+    assert fast.step_table == "buckets"
+    assert int(fast.steps["num_steps"].sum()) == len(fast_full.steps)
+    assert_same_summary(fast_full.summary, fast.summary)
 
 
 def test_timeline_frame_gives_per_step_means_per_bucket():

@@ -58,9 +58,11 @@ def calibrated_range(cost: Any) -> CalibratedRange | None:
         datasheet_only=gpu.calibration_status == "datasheet-only")
 
 
-def validity_counts(steps: pd.DataFrame, cost: Any) -> dict[str, int]:
-    """The ``VALIDITY_COLUMNS`` of a run's steps table under ``cost``."""
-    n = len(steps)
+def validity_counts(steps: pd.DataFrame | Mapping[str, np.ndarray], cost: Any
+                    ) -> dict[str, int]:
+    """The ``VALIDITY_COLUMNS`` of a run's steps (a steps table, or a chunk of its columns as
+    arrays, as a bucketed table folds them) under ``cost``."""
+    n = len(steps["num_seqs"]) if len(steps) else 0
     rng = calibrated_range(cost)
     if rng is None or n == 0:
         return dict.fromkeys(VALIDITY_COLUMNS, 0)
@@ -68,10 +70,10 @@ def validity_counts(steps: pd.DataFrame, cost: Any) -> dict[str, int]:
         return {"steps_calibrated": 0, "steps_extrapolated": 0, "steps_datasheet_only": n}
     if rng.whole_run_extrapolated:
         return {"steps_calibrated": 0, "steps_extrapolated": n, "steps_datasheet_only": 0}
-    tokens = (steps["num_prefill_tokens"].to_numpy(np.int64)
-              + steps["num_decode_tokens"].to_numpy(np.int64))
-    rows = steps["num_seqs"].to_numpy(np.int64)
-    context = steps["kv_live_tokens"].to_numpy(float) / np.maximum(rows, 1)
+    tokens = (np.asarray(steps["num_prefill_tokens"], dtype=np.int64)
+              + np.asarray(steps["num_decode_tokens"], dtype=np.int64))
+    rows = np.asarray(steps["num_seqs"], dtype=np.int64)
+    context = np.asarray(steps["kv_live_tokens"], dtype=float) / np.maximum(rows, 1)
     inside = ((tokens <= rng.max_tokens) & (rows <= rng.max_rows)
               & (context <= rng.max_context_tokens))
     k = int(inside.sum())

@@ -39,6 +39,7 @@ from sim.core.types import Request
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
+    from sim.engine.steps import ReplicaSteps
 
 #: Kinds of ``ReplicaEvent``: the step that computed a prompt's last token also samples the
 #: first output token, so ``prefill_done`` and ``first_token`` come together (once per request:
@@ -89,7 +90,7 @@ def advance_until(rep: Replica, t: float) -> None:
             if flight.end_s > t:
                 break  # straddles t: still in flight
             rep.clock = flight.end_s
-            rep._land(t)
+            rep.land(t)
             continue
         if rep.idle:
             if rep.wake_s >= t:
@@ -97,7 +98,7 @@ def advance_until(rep: Replica, t: float) -> None:
             rep.clock, rep.idle = rep.wake_s, False
         elif rep.clock >= t:
             break  # a scheduling point at t: admissions at t come first
-        rep._begin()
+        rep.begin()
     rep.advanced_s = max(rep.advanced_s, t)
 
 
@@ -130,7 +131,7 @@ def replica_state(rep: Replica) -> ReplicaState:
                         None if flight is None else flight.end_s)
 
 
-def emit_first_tokens(rep: Replica, run: Mapping[int, int], end: float) -> None:
+def emit_first_tokens(rep: ReplicaSteps, run: Mapping[int, int], end: float) -> None:
     """Events of the requests whose first token the step ending at ``end`` sampled."""
     listener = rep.listener
     assert listener is not None

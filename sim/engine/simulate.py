@@ -10,6 +10,7 @@ import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -168,8 +169,11 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
 
     def new_log() -> StepLog:
-        return make_step_log(step_table, cols["arrival_s"], warmup_s, cooldown_s,
-                             policies[0].slot_capacity, kv_config.block_size)
+        log = make_step_log(step_table, cols["arrival_s"], warmup_s, cooldown_s,
+                            policies[0].slot_capacity, kv_config.block_size)
+        if log.stream is not None:  # the validity flags, counted as rows fold
+            log.stream.count_rows = partial(validity_counts, cost=cost)
+        return log
     reason = ("replicas driven from outside (a router)" if driver is not None else
               fast_path_blocker(policies[0], kv_config, cost, checks=checks,
                                 event_skipping=event_skipping) if fast_path
@@ -218,8 +222,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         warmup_s=warmup_s, cooldown_s=cooldown_s, slos=slo_limits,
         kv_block_size=kv_config.block_size, stream=stream)
     # steps inside the cost model's fitted range; a bucketed table keeps no step shapes
-    summary.update(validity_counts(steps, cost) if stream is None
-                   else dict.fromkeys(VALIDITY_COLUMNS, float("nan")))
+    summary.update(validity_counts(steps, cost) if stream is None else
+                   {k: sum(log.stream.counts.get(k, 0) for log in logs if log.stream)
+                    for k in VALIDITY_COLUMNS})
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
     names = dict.fromkeys(engine for engine, _ in engines)

@@ -14,6 +14,7 @@ from sim.cost.roofline import DEFAULT_ENGINE
 from sim.engine.inputs import LIMIT_FIELDS, REPLICAS, SEED
 from sim.kv.config import KV_FIELDS
 from sim.metrics.fields import SLO_FIELDS, WINDOW_FIELDS
+from sim.metrics.stream import STEP_TABLE_CHOICES
 
 SCHEMA: dict[str, Any] = {
     "name": Key(STR, "experiment", "Experiment name, used in titles and the report."),
@@ -56,7 +57,7 @@ SCHEMA: dict[str, Any] = {
         "step_table": Key(STR, "auto", "Per-step table: `full` (one row per step), `buckets` "
                           "(fixed time buckets of sums, counts and maxima; flat memory) or "
                           "`auto` (full up to 2,000,000 steps). Summaries are exact either "
-                          "way.", choices=("auto", "full", "buckets")),
+                          "way.", choices=STEP_TABLE_CHOICES),
     },
     "limits": LIMIT_FIELDS,
     "sweep": Key(MAP + (OPT,), None, "dotted.key: [values] — Cartesian product of runs."),

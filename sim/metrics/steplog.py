@@ -196,7 +196,8 @@ class StepLog:
     @property
     def bucketed(self) -> bool:
         """Is (or will) this log's table be the buckets of ``stream``?"""
-        return self.stream is not None and (self.always_fold or self.stream.num_rows > 0)
+        return self.stream is not None and (self.always_fold or self.stream.num_rows > 0
+                                            or len(self) >= self.fold_at)
 
     def table(self) -> pd.DataFrame:
         """The per-iteration table (the buckets, when rows are folded: ``StepStream.table``)."""

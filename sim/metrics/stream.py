@@ -22,7 +22,7 @@ cool-down tail.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -120,6 +120,10 @@ class StepStream:
         self._itl_rows = 0
         self._held: list[dict[str, np.ndarray]] = []  # window steps after ``bound_s``
         self._buckets: list[pd.DataFrame] = []
+        #: Counts every folded chunk of rows into ``counts`` (the run's validity flags: a
+        #: bucketed table keeps no step shapes to count them from afterwards).
+        self.count_rows: Callable[[Mapping[str, np.ndarray]], dict[str, int]] | None = None
+        self.counts: dict[str, int] = {}
 
     def finished(self, arrival_s: float, finish_s: float) -> None:
         """A request finished: if it arrived in the window, steps up to then are inside it."""
@@ -140,6 +144,9 @@ class StepStream:
         if not len(start):
             return
         self.num_rows += len(start)
+        if self.count_rows is not None:
+            for key, value in self.count_rows(c).items():
+                self.counts[key] = self.counts.get(key, 0) + value
         self.max_end_s = max(self.max_end_s, float((start + c["duration_s"]).max()))
         self._bucket(c)
         inside = start >= self.window_start_s
@@ -168,20 +175,28 @@ class StepStream:
         if keep.any():
             self._itl.append(_compact(c["duration_s"][keep], w[keep]))
             self._itl_rows += int(keep.sum())
-            if len(self._itl) > 64:  # bound the pieces: merge them into one multiset
-                self._itl = [_compact(*(np.concatenate(p) for p in zip(*self._itl,
-                                                                       strict=True)))]
+            if len(self._itl) > 64:  # bound the pieces: merge them into the first, big one
+                big, *small = self._itl
+                self._itl = [_merge(big, _compact(*(np.concatenate(p)
+                                                    for p in zip(*small, strict=True))))]
 
     def sums(self) -> dict[str, float]:
         """The window's ``step_sums``, each added exactly over the chunks."""
         keys = self._sums[0].keys() if self._sums else ()
         return {k: math.fsum(s[k] for s in self._sums) for k in keys}
 
-    def itl(self) -> tuple[np.ndarray, np.ndarray]:
-        """Durations of the window's steps with their regular inter-token gap counts."""
-        if not self._itl:
+    def itl(self, release: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Durations of the window's steps with their regular inter-token gap counts (sorted,
+        each duration once); ``release`` drops the stream's own copy."""
+        pieces = self._itl
+        if release:
+            self._itl = []
+        if not pieces:
             return np.empty(0), np.empty(0, dtype=np.int64)
-        return _compact(*(np.concatenate(p) for p in zip(*self._itl, strict=True)))
+        big, *small = pieces
+        if not small:
+            return big
+        return _merge(big, _compact(*(np.concatenate(p) for p in zip(*small, strict=True))))
 
     def _bucket(self, c: Mapping[str, np.ndarray]) -> None:
         index = np.floor(c["start_s"] / self.bucket_s).astype(np.int64)
@@ -246,6 +261,21 @@ def timeline_frame(buckets: pd.DataFrame) -> pd.DataFrame:
         if k != "duration_s":
             out[k] = buckets[f"{k}_sum"].to_numpy(float) / np.maximum(n, 1)
     return pd.DataFrame(out)
+
+
+def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Two compacted multisets as one: ``b``'s values added into ``a``'s sorted arrays (a
+    new copy of ``a`` only, no sort of the whole)."""
+    (av, aw), (bv, bw) = a, b
+    if not len(av):
+        return b
+    pos = np.searchsorted(av, bv)
+    hit = (pos < len(av)) & (av[np.minimum(pos, len(av) - 1)] == bv)
+    aw = aw.copy()
+    np.add.at(aw, pos[hit], bw[hit])
+    new = ~hit
+    return np.insert(av, pos[new], bv[new]), np.insert(aw, pos[new], bw[new])
 
 
 def _compact(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,7 @@ irregular gaps (after a stall or a preemption) are stored individually.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -197,9 +198,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
         stream.close(end)
         sums, num_steps, kv_max = stream.sums() or _no_sums(kv_block_size), \
             stream.num_window, stream.max_kv_used
-        values, weights = stream.itl()
         g, w = _windowed_gaps(gaps, at, counts, any_steps, t0, end)
-        itl = (np.concatenate([values, g]), np.concatenate([weights, w]))
+
+        def itl() -> tuple[np.ndarray, np.ndarray]:
+            values, weights = stream.itl(release=True)  # the stream lets go of its sample
+            return np.concatenate([values, g]), np.concatenate([weights, w])
     else:
         st = steps
         if len(steps):
@@ -208,7 +211,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
                 st = steps[inside]
         num_steps = len(st)
         kv_max = float(st["kv_used_blocks"].max()) if num_steps else math.nan
-        itl = _windowed_itl(st, gaps, at, counts, any_steps, t0, end)
+        def itl() -> tuple[np.ndarray, np.ndarray]:
+            return _windowed_itl(st, gaps, at, counts, any_steps, t0, end)
+
+        latency = _latency_stats(done, itl)  # before the step sums' temporaries exist
         # one pass over the columns; its per-step temporaries are freed as it goes (a
         # 5M-step run's column is 40 MB)
         sums = step_sums({k: st[k].to_numpy() for k in SUM_INPUTS}, slot_capacity,
@@ -226,8 +232,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
         "output_throughput": out_tokens / per,
         "total_token_throughput": (out_tokens + in_tokens) / per,
     }
-    s.update(_latency_stats(done, itl))
-    del itl
+    s.update(latency if stream is None else _latency_stats(done, itl))
     s.update(_step_metrics(sums, num_steps, kv_max, win, duration * num_replicas, peak_flops,
                            peak_bytes_per_s, kv_total_blocks))
     s.update(kv_summary(win, done, sums, num_steps, kv_total_blocks, kv_block_size))
@@ -249,13 +254,14 @@ def _no_sums(block_size: int | None) -> dict[str, float]:
     return step_sums(empty, None, block_size)
 
 
-def _latency_stats(done: pd.DataFrame, itl: tuple[np.ndarray, np.ndarray]
+def _latency_stats(done: pd.DataFrame, itl: Callable[[], tuple[np.ndarray, np.ndarray]]
                    ) -> dict[str, float]:
     """Mean, median, p90, p99 of TTFT, TPOT, ITL and E2E latency in milliseconds."""
     out = {}
     for metric in LATENCIES:
         if metric == "itl":
-            stats = _stats(*itl)
+            # passed on unnamed, so _stats can free each array it is done with
+            stats = _stats(*itl())
         else:
             stats = _stats(done[f"{metric if metric != 'e2el' else 'e2e'}_s"].to_numpy(float))
         for stat, v in stats.items():

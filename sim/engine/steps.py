@@ -1,0 +1,247 @@
+"""What one step does to a replica's state: admission to the batch, KV growth, preemption,
+rejection, committing tokens, releasing finished requests, and the invariant checks.
+
+``ReplicaSteps`` holds a replica's queues, KV pool and the state between events;
+``sim.engine.replica.Replica`` adds *when* steps happen (the scheduling points, the SimPy process
+and the driven form of ``sim.engine.drive``).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from policies.registry import Policy
+from sim.core.rules import blocks_for, blocks_needed
+from sim.core.state import Seq
+from sim.core.types import BatchShape, Plan, Request, SeqView
+from sim.cost.base import CostModel
+from sim.engine.drive import ReplicaEvent, emit_first_tokens
+from sim.kv.cache import BlockPool
+from sim.kv.config import KVConfig
+from sim.metrics.steplog import StepLog
+
+_COMPUTED = attrgetter("num_computed")
+
+
+@dataclass(slots=True)
+class Flight:
+    """A step launched at ``start_s`` and committed at ``end_s``: ``step`` holds what
+    ``Replica._commit`` needs; a skipped stretch of steady steps has ``skip`` instead."""
+
+    plan: Plan
+    start_s: float
+    end_s: float
+    step: tuple | None
+    skip: tuple = ()
+
+class ReplicaSteps:
+    """One model instance's queues, KV pool and step bookkeeping (see the module doc)."""
+
+    def __init__(self, index: int, requests: Sequence[Request], policy: Policy,
+                 cost: CostModel, kv: KVConfig, log: StepLog, seqs: dict[int, Seq],
+                 checks: bool = False, horizon_s: float | None = None,
+                 skip: bool = True, deadline: float | None = None,
+                 max_model_len: int | None = None) -> None:
+        self.index = index
+        self.requests = requests
+        self.policy = policy
+        self.cost = cost
+        self.pool = BlockPool(kv)
+        self.log = log
+        self.seqs = seqs
+        self.checks = checks
+        self.horizon_s = horizon_s
+        self.deadline = deadline  # time.perf_counter() value past which the replica stops
+        self.max_model_len = max_model_len
+        self.skip = skip
+        self.waiting: dict[int, Seq] = {}
+        self.preempted: dict[int, Seq] = {}  # listed before ``waiting``, newest first
+        self.running: dict[int, Seq] = {}
+        self.next_index = 0
+        self.clock = 0.0
+        self._swap_s = 0.0  # host transfers of the step being prepared
+        self._swap_bytes = 0.0
+        # The core's state between events (see ``sim.engine.drive`` for the driven form).
+        self.flight: Flight | None = None  # the step (or skipped stretch) in flight
+        self.idle = False  # the last plan was empty: plan again at ``wake_s`` or on an arrival
+        self.wake_s = math.inf
+        self.done = False  # horizon or wall-clock budget reached, or nothing left for good
+        self.pending: list[Seq] = []  # admitted from outside, taken at the next scheduling point
+        # Built without a request list, it is driven from outside: more may come until ``close``.
+        self.accepting = not requests
+        self.advanced_s = 0.0  # the time the replica was advanced to (driven form)
+        self._queue_views: tuple[SeqView, ...] | None = None  # ``View.waiting``, kept
+        #: Receives a ``ReplicaEvent`` at each first token, prefill end, finish and rejection.
+        self.listener: Callable[[Any], None] | None = None
+
+    # -- state changes ------------------------------------------------------------------------
+    def _pop_waiting(self, sid: int) -> Seq:
+        self._queue_views = None
+        seq = self.waiting.pop(sid, None)
+        return seq if seq is not None else self.preempted.pop(sid)
+
+    def _reject(self, seq: Seq, now: float, reason: str) -> None:
+        self.pool.release(seq)
+        seq.reject(now, reason)
+        if self.listener is not None:
+            self.listener(ReplicaEvent("rejected", seq.req.id, self.index, now))
+
+    def _preempt(self, seq: Seq, now: float) -> None:
+        """Recompute or swap ``seq`` out; past ``kv.max_preemptions`` reject it instead."""
+        cfg = self.pool.config
+        limit = cfg.max_preemptions
+        if limit is not None and seq.num_preemptions >= limit:
+            seq.num_preemptions += 1
+            n = seq.num_preemptions
+            self._reject(seq, now, f"preempted {n} time{'s' if n > 1 else ''} "
+                         f"(kv.max_preemptions={limit})")
+            return
+        self.pool.release(seq)
+        if cfg.preemption == "swap" and seq.num_computed:
+            # KVConfig refuses swap preemption without both rates
+            assert cfg.swap_s_per_token is not None and cfg.kv_bytes_per_token is not None
+            self._swap_s += seq.num_computed * cfg.swap_s_per_token
+            self._swap_bytes += seq.num_computed * cfg.kv_bytes_per_token
+            seq.swap_out()
+        else:
+            seq.preempt()
+        self.preempted[seq.req.id] = seq
+        self._queue_views = None
+
+    def _launch(self, plan: Plan, now: float) -> tuple[BatchShape, int, int, int]:
+        """Move scheduled requests to running, grow their KV and build the batch shape."""
+        pool, cfg = self.pool, self.pool.config
+        admitted = []
+        for sid in plan.run:
+            if sid not in self.running:
+                seq = self._pop_waiting(sid)
+                self.running[sid] = seq
+                seq.schedule(now)
+                admitted.append(seq)
+        # Cached prefix blocks are held before anything is allocated, so no allocation below
+        # can evict a block a request of this very plan was shown as cached.
+        for seq in admitted:
+            if seq.hit_tokens:
+                pool.pin(seq, seq.hit_tokens // cfg.block_size)
+                seq.take_hit()
+        new_tokens: list[int] = []
+        context: list[int] = []
+        num_prefill = num_decode = recomputed = 0
+        running, bs = self.running, cfg.block_size
+        paged = cfg.allocator != "slab"  # no reservation: grow inline, as ``pool.grow`` would
+        for sid, n in plan.run.items():
+            seq = running[sid]
+            if seq.swapped:  # its KV comes back from host memory before the step
+                assert cfg.swap_s_per_token is not None and cfg.kv_bytes_per_token is not None
+                self._swap_s += seq.num_computed * cfg.swap_s_per_token
+                self._swap_bytes += seq.num_computed * cfg.kv_bytes_per_token
+                seq.swapped = False
+            computed = seq.num_computed
+            target = computed + n
+            if seq.max_held > computed:  # ``seq.num_recomputed(n)``, inlined
+                recomputed += min(target, seq.max_held) - computed
+            if paged:
+                need = blocks_needed(target, 0, seq.num_blocks, bs)
+                if need:
+                    pool.take_for(seq, need)
+            else:
+                pool.grow(seq, target)
+            generated = seq.num_generated
+            if generated and seq.req.num_prompt_tokens + generated - computed == 1:
+                num_decode += 1
+            else:
+                num_prefill += n
+            new_tokens.append(n)
+            context.append(target)
+        pad = 0
+        for row in plan.padding:
+            new_tokens.append(row.num_tokens)
+            context.append(row.context_len)
+            pad += row.num_tokens
+        # valid by construction (plan checked by ``validate_plan``): no ``BatchShape.of`` checks
+        shape = BatchShape(np.array(new_tokens, dtype=np.int64),
+                           np.array(context, dtype=np.int64), pad)
+        return shape, num_prefill, num_decode, recomputed
+
+    def _commit(self, plan: Plan, start: float, end: float, step, shape: BatchShape,  # noqa: ANN001
+                num_prefill: int, num_decode: int, recomputed: int, swap_s: float,
+                swap_bytes: float) -> None:
+        """Advance computed tokens, sample, finish, and record the step."""
+        log, pool = self.log, self.pool
+        held = pool.used  # what the step held while it ran, before finishers release
+        regular = 0
+        running = self.running
+        add_irregular = log.add_irregular_itl
+        cache = pool.cache
+        for sid, n in plan.run.items():
+            seq = running[sid]
+            itl = seq.advance(n, start, end)
+            if itl is not None:
+                if itl < 0:
+                    regular += 1
+                else:
+                    add_irregular(end, itl, 1, self.index)
+            if cache is not None and seq.num_computed - n < seq.req.num_prompt_tokens:
+                pool.register(seq, seq.req.num_prompt_tokens)  # computed prompt tokens
+        if self.listener is not None:
+            emit_first_tokens(self, plan.run, end)
+        live, cached = self.live_tokens(), pool.cached
+        settle, capacity = self.settle, pool.config.capacity_tokens
+        for sid in plan.run:
+            seq = running[sid]
+            if seq.status == "finished" or seq.num_computed >= capacity:  # else a no-op
+                settle(seq, end)
+        num_waiting = len(self.waiting) + len(self.preempted)
+        log.record(self.index, start, end - start, len(plan.run), num_prefill, num_decode,
+                   shape.num_padding_tokens, len(plan.padding), num_waiting, held, step,
+                   regular, kv_live_tokens=live, kv_cached_blocks=cached,
+                   num_recomputed_tokens=recomputed, swap_s=swap_s, swapped_bytes=swap_bytes)
+        if self.checks:
+            self.check_invariants()
+
+    def settle(self, seq: Seq, end: float) -> None:
+        """After a step: release a finished request (its full blocks join its prefix chain),
+        reject one whose next token can never fit."""
+        if seq.status == "finished":
+            self.pool.register(seq, seq.num_computed)
+            self.pool.release(seq)
+            del self.running[seq.req.id]
+            if self.listener is not None:
+                self.listener(ReplicaEvent("finish", seq.req.id, self.index, end))
+            stream = self.log.stream
+            if stream is not None:  # a bucketed step table tracks its window's last finish
+                stream.finished(seq.req.arrival_s, end)
+        elif (seq.num_computed >= self.pool.config.capacity_tokens
+              and seq.num_uncomputed == 1 and self._never_grows(seq)):
+            del self.running[seq.req.id]
+            self._reject(seq, end, "context outgrew the KV cache")
+
+    def live_tokens(self) -> int:
+        """Tokens whose KV is stored on the GPU now, shared prefix blocks counted once."""
+        pool = self.pool
+        if pool.cache is None:  # nothing shared
+            return sum(map(_COMPUTED, self.running.values()))
+        bs = pool.config.block_size
+        own = sum(s.num_computed - s.num_shared * bs for s in self.running.values())
+        return own + pool.cache.referenced * bs
+
+    def _never_grows(self, seq: Seq) -> bool:
+        cfg = self.pool.config
+        return blocks_for(seq.num_computed + 1, cfg.block_size) > cfg.num_blocks
+
+    def check_invariants(self) -> None:
+        """Deep per-step checks (on in tests): KV conservation and per-sequence consistency."""
+        running = list(self.running.values())
+        self.pool.check(running)
+        for seq in running:
+            seq.check(self.pool.config.block_size)
+            if seq.swapped or seq.hit_tokens:
+                raise AssertionError(f"running request {seq.req.id} has its KV elsewhere")
+        for seq in (*self.waiting.values(), *self.preempted.values()):
+            if seq.num_blocks or seq.num_shared or (seq.num_computed and not seq.swapped):
+                raise AssertionError(f"waiting request {seq.req.id} holds KV")
