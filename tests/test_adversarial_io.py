@@ -413,8 +413,9 @@ BASE = yaml.safe_dump(SMALL, sort_keys=False)
     (BASE.replace("name: small", "name: sm\0all"), "NUL"),
     (BASE.replace("policy:\n  name: continuous\n  max_num_seqs: 8", "policies: []"),
      "policies: empty list"),
-    (BASE + "metrics: {warmup_s: 1.0e+308}\n", "leave no request to measure"),
-    (BASE + "metrics: {cooldown_s: 1.0e+6}\n", "metrics.warmup_s"),
+    (BASE + "metrics: {warmup_s: 1.0e+308}\n", "metrics.warmup_s: must be <= 1e+09"),
+    (BASE + "metrics: {cooldown_s: 1.0e+6}\n", "metrics.cooldown_s: warmup_s=0 s and "
+     "cooldown_s=1e+06 s leave no request to measure"),
 ])
 def test_bad_config_files_are_one_line_exit_2(tmp_path, capsys, text, words):
     exp = write_exp(tmp_path, text)

@@ -21,7 +21,6 @@ from sim.cluster.groups import parse_groups
 from sim.cluster.metrics import imbalance, per_replica
 from sim.cluster.routed import RoutingLog, run_routed
 from sim.core.arrays import TraceArrays
-from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.engine.replica import Replica
 from sim.engine.simulate import SimResult
@@ -67,9 +66,6 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost
     if cluster is not None:
         return _simulate_cluster(requests, policy, cost, kv, seed, router, cluster,
                                  options.pop("cost_keys", None), options)
-    if policy is None or cost is None:
-        raise InputError("simulate needs a policy and a cost model (or a cluster)",
-                         field="policy" if policy is None else "cost")
     if router is None:
         return simulate_replicas(requests, policy, cost, kv, seed, num_replicas=num_replicas,
                                  **options)
