@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sim.core.errors import InputError
-from sim.core.fields import check_int_range
+from sim.core.plugins import typed
 
 if TYPE_CHECKING:  # annotations only: importing sim here would be circular
     from sim.core.types import Plan, View
@@ -115,26 +114,8 @@ def make_policy(spec: str | Mapping[str, Any] | Policy) -> Policy:
 
 def _typed(key: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the parameter's default (``None`` defaults accept
-    anything the policy's own validation allows)."""
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise PolicyError(f"policy.{key}: expected true/false, got {value!r}")
-    elif isinstance(default, (int, float)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise PolicyError(f"policy.{key}: expected a number, got {value!r}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise PolicyError(f"policy.{key}: must be finite, got {value!r}")
-        if isinstance(default, int):
-            if isinstance(value, float) and not value.is_integer():
-                raise PolicyError(f"policy.{key}: expected an integer, got {value!r}")
-            try:  # the compiled kernel's integer range, as for every integer config key
-                check_int_range(int(value), f"policy.{key}")
-            except InputError as e:
-                raise PolicyError(str(e)) from None
-            return int(value)
-    elif isinstance(default, str) and not isinstance(value, str):
-        raise PolicyError(f"policy.{key}: expected a string, got {value!r}")
-    return value
+    anything the policy's own validation allows): ``sim.core.plugins.typed``'s rule."""
+    return typed(PolicyError, f"policy.{key}", value, default)
 
 
 def check_positive(policy: Policy, **values: float | None) -> None:

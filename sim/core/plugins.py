@@ -1,4 +1,5 @@
-"""A registry of named plugins built from YAML-style mappings (routers today).
+"""A registry of named plugins built from YAML-style mappings (routers), and the one
+parameter-type rule that policies and routers share (``typed``).
 
 A plugin kind (``"router"``) is a family of small dataclasses registered by name; ``make``
 builds one from ``"name"`` or ``{"name": ..., **params}`` and turns an unknown name, an unknown
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from sim.core.errors import InputError
+from sim.core.fields import check_int_range
 
 T = TypeVar("T")
 
@@ -103,6 +105,10 @@ def typed(error: type[InputError], field: str, value: Any, default: Any) -> Any:
         if isinstance(default, int):
             if isinstance(value, float) and not value.is_integer():
                 raise error(f"expected an integer, got {value!r}", field=field)
+            try:  # the compiled kernel's integer range, as for every integer config key
+                check_int_range(int(value), field)
+            except InputError as e:
+                raise error(e.problem, field=field) from None
             return int(value)
     elif isinstance(default, str) and not isinstance(value, str):
         raise error(f"expected a string, got {value!r}", field=field)
