@@ -12,7 +12,7 @@ started together on one link each take twice the bandwidth time.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -86,7 +86,8 @@ class Network:
         self.env.process(self._start(tuple(path), float(nbytes), done))
         return done
 
-    def _start(self, path: tuple[str, ...], nbytes: float, done: simpy.Event):  # noqa: ANN202 - a SimPy generator
+    def _start(self, path: tuple[str, ...], nbytes: float, done: simpy.Event
+               ) -> Generator[simpy.Event, object, None]:
         latency = sum(self.links[name].latency_s for name in path)
         if latency > 0:
             yield self.env.timeout(latency)
@@ -117,7 +118,7 @@ class Network:
                 self.usage[name].busy_s += dt
         self._last_s = now
 
-    def _run(self):  # noqa: ANN202 - a SimPy generator
+    def _run(self) -> Generator[simpy.Event, object, None]:
         """The controller: re-rate the flows at each start or end, wake at the next end."""
         while True:
             self._advance()
