@@ -334,7 +334,12 @@ def test_a_worker_killed_every_time_records_error_and_the_sweep_goes_on(tmp_path
     summary = run_experiment(exp, out=out, jobs=2, quiet=True)
     assert sorted(summary["workload.arrival.rate"]) == [10, 40, 80]
     errors = list((out / "runs").glob("*/error.txt"))
-    assert len(errors) == 1 and "signal 9 (SIGKILL)" in errors[0].read_text()
+    assert len(errors) == 1
+    text = errors[0].read_text()
+    # the exit status is named when the pool still holds the dead process (not guaranteed:
+    # the pool's manager thread may have reaped it first)
+    assert text.startswith("WorkerDied:") and ("signal 9 (SIGKILL)" in text
+                                               or "ended abruptly" in text), text
     assert summary.attrs["errors"] and "WorkerDied" in summary.attrs["errors"][0]
 
 
