@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sim.core.routing import ReplicaLoad
+from sim.engine.drive import outstanding
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
@@ -20,23 +21,14 @@ if TYPE_CHECKING:
 
 def replica_load(rep: Replica, now_s: float, weight: float = 1.0, group: str = ""
                  ) -> ReplicaLoad:
-    """``rep``'s load signals now."""
-    prefill = decoding = 0
-    for seq in rep.running.values():
-        left = seq.num_uncomputed
-        if left > 1 or seq.num_generated == 0:
-            prefill += left
-        else:
-            decoding += 1
-    queued = 0
-    for queue in (rep.waiting.values(), rep.preempted.values(), rep.pending):
-        for seq in queue:
-            prefill += seq.num_uncomputed
-            queued += 1
+    """``rep``'s load signals now (``sim.engine.drive.outstanding``, less the true output
+    lengths a router cannot know)."""
+    work = outstanding(rep)
     cfg = rep.pool.config
-    return ReplicaLoad(index=rep.index, num_waiting=queued, num_running=len(rep.running),
-                       outstanding_prefill_tokens=prefill, num_decoding=decoding,
-                       kv_used_blocks=rep.pool.used,
+    return ReplicaLoad(index=rep.index, num_waiting=work.num_queued,
+                       num_running=len(rep.running),
+                       outstanding_prefill_tokens=work.prefill_tokens,
+                       num_decoding=work.num_decoding, kv_used_blocks=rep.pool.used,
                        kv_total_blocks=0 if cfg.unlimited else cfg.num_blocks,
                        weight=weight, group=group, measured_s=now_s)
 

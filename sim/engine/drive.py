@@ -113,21 +113,42 @@ def admit(rep: Replica, request: Request) -> None:
         rep.idle = False
 
 
+@dataclass(frozen=True, slots=True)
+class Outstanding:
+    """What a replica still has to do, counted in one walk over its queues (the one rule that
+    ``ReplicaState`` and a router's ``ReplicaLoad`` both read)."""
+
+    num_queued: int  # waiting, preempted and admitted-not-yet-planned
+    prefill_tokens: int  # prompt or recompute tokens before the next token, of every request
+    num_decoding: int  # running requests past their prompt
+    decode_tokens: int  # output tokens still to generate (true lengths: engine knowledge)
+
+
+def outstanding(rep: Replica) -> Outstanding:
+    """``rep``'s outstanding work now."""
+    queued = [*rep.preempted.values(), *rep.waiting.values(), *rep.pending]
+    prefill = decode = decoding = 0
+    for is_running, seqs in ((False, queued), (True, rep.running.values())):
+        for seq in seqs:
+            left = seq.num_uncomputed
+            if left > 1 or seq.num_generated == 0:
+                prefill += left
+            elif is_running:
+                decoding += 1
+            decode += seq.req.num_output_tokens - seq.num_generated
+    return Outstanding(len(queued), prefill, decoding, decode)
+
+
 def replica_state(rep: Replica) -> ReplicaState:
     """The frozen ``ReplicaState`` of ``rep`` now."""
-    queued = [*rep.preempted.values(), *rep.waiting.values(), *rep.pending]
-    prefill = decode = 0
-    for seq in (*queued, *rep.running.values()):
-        left = seq.num_uncomputed
-        if left > 1 or seq.num_generated == 0:
-            prefill += left
-        decode += seq.req.num_output_tokens - seq.num_generated
+    work = outstanding(rep)
     pool = rep.pool
     cached = tuple(sorted(pool.cache.cached_blocks().items())) if pool.cache else ()
     cfg = pool.config
     flight = rep.flight
-    return ReplicaState(max(rep.clock, rep.advanced_s), len(queued), len(rep.running), prefill,
-                        decode, pool.used, 0 if cfg.unlimited else cfg.num_blocks, cached,
+    return ReplicaState(max(rep.clock, rep.advanced_s), work.num_queued, len(rep.running),
+                        work.prefill_tokens, work.decode_tokens, pool.used,
+                        0 if cfg.unlimited else cfg.num_blocks, cached,
                         None if flight is None else flight.end_s)
 
 
@@ -142,5 +163,6 @@ def emit_first_tokens(rep: ReplicaSteps, run: Mapping[int, int], end: float) -> 
             listener(ReplicaEvent("first_token", sid, rep.index, end))
 
 
-__all__ = ["EVENT_KINDS", "ReplicaEvent", "ReplicaState", "admit", "advance_until",
+__all__ = ["EVENT_KINDS", "Outstanding", "ReplicaEvent", "ReplicaState", "admit",
+           "advance_until", "outstanding",
            "emit_first_tokens", "replica_state"]

@@ -221,7 +221,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         kv_total_blocks=None if kv_config.unlimited else kv_config.num_blocks,
         warmup_s=warmup_s, cooldown_s=cooldown_s, slos=slo_limits,
         kv_block_size=kv_config.block_size, stream=stream)
-    # steps inside the cost model's fitted range; a bucketed table keeps no step shapes
+    # steps inside the cost model's fitted range (a bucketed run counted them as rows folded)
     summary.update(validity_counts(steps, cost) if stream is None else
                    {k: sum(log.stream.counts.get(k, 0) for log in logs if log.stream)
                     for k in VALIDITY_COLUMNS})

@@ -143,7 +143,6 @@ def seed_aggregate(summary: pd.DataFrame) -> pd.DataFrame | None:
     """Mean and 95% confidence half-width of each metric across seeds (when seed is swept)."""
     if "seed" not in summary.columns or summary["seed"].nunique() < 2:
         return None
-    from scipy import stats
 
     keys = [c for c in summary.columns if c in ("label", "policy") or
             (c not in ("run_id", "seed") and not pd.api.types.is_float_dtype(summary[c])
@@ -153,8 +152,15 @@ def seed_aggregate(summary: pd.DataFrame) -> pd.DataFrame | None:
                and pd.api.types.is_numeric_dtype(summary[c])]
     g = summary.groupby(keys, sort=False, dropna=False)[metrics]
     mean, sem, n = g.mean(), g.sem(), g.count()
-    half = sem * stats.t.ppf(0.975, (n - 1).clip(lower=1))
-    return mean.join(half.add_suffix("_ci95")).reset_index()
+    return mean.join(ci95_half(sem, n).add_suffix("_ci95")).reset_index()
+
+
+def ci95_half(sem: Any, n: Any) -> Any:
+    """Half-width of the Student-t 95% interval of a mean (NaN with fewer than two values);
+    ``sem`` and ``n`` are pandas frames or series of standard errors and counts."""
+    from scipy import stats  # only sweeps over seeds need it
+
+    return (sem * stats.t.ppf(0.975, (n - 1).clip(lower=1))).where(n > 1)
 
 
 def _run_labels(runs: list[RunSpec], todo: list[tuple[str, dict[str, Any]]]

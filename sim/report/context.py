@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from sim.experiments.capacity import rate_key
 from sim.experiments.config import RunSpec
+from sim.experiments.run import ci95_half
 from sim.experiments.runner import run_id
 from sim.experiments.schema import lookup
 from sim.experiments.slo import CapacityError
@@ -65,11 +65,6 @@ def fmt(value: Any) -> str:
         return f"{int(value):,}"
     v = float(value)
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
-
-
-def ci95_half(sem: pd.DataFrame | pd.Series, n: pd.DataFrame | pd.Series) -> Any:
-    """Half-width of the Student-t 95% interval of a mean (NaN with fewer than two values)."""
-    return (sem * stats.t.ppf(0.975, (n - 1).clip(lower=1))).where(n > 1)
 
 
 def error_bars(mean: pd.DataFrame, half: pd.DataFrame, col: str) -> np.ndarray | None:
