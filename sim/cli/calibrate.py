@@ -27,6 +27,7 @@ from sim.cost.calibrate import (
     report_table,
 )
 from sim.cost.profiles import Calibration, GpuProfile, ProfileError, load_gpu
+from sim.cost.uncertainty import residual_quantiles
 from sim.experiments.results import atomic_write, write_text
 
 _ALPHA_KEYS = ("allreduce_alpha_us", "alpha_per_peer_us")
@@ -171,7 +172,10 @@ def calibration_block(report: CalibrationReport, date: str | None = None) -> dic
            "heldout_mdape_pct": {c: round(v, 1) for c, v in report.heldout_mdape_pct.items()}
            | {"overall": round(report.overall_heldout_mdape_pct, 1)},
            "train_mdape_pct": {c: round(v, 1) for c, v in report.train_mdape_pct.items()},
-           "heldout_rows": dict(report.n_heldout), "range": dict(MEASURED_RANGE)}
+           "heldout_rows": dict(report.n_heldout),
+           # the training rows' errors, which prediction intervals draw from
+           "train_log_residual_quantiles": residual_quantiles(report.points),
+           "range": dict(MEASURED_RANGE)}
     status = {"status": "fitted", "fitted_on": _FITTED_ON.get(report.gpu, data)}
     return status | top | {"fit": fit | extra}
 

@@ -21,6 +21,7 @@ from sim.core.errors import EnvironmentFailure, InputError
 from sim.cost.profiles import calibration_notes
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
 from sim.experiments.executors import run_pool, run_serial, stop_pool, worker_init
+from sim.experiments.intervals import check_config_intervals
 from sim.experiments.outdir import (
     OutputLock,
     clean_temp_files,
@@ -84,6 +85,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
                     raise InputError(e.problem, field=where) from None
                 raise
             resolve_kv(kv_spec(cfg), cost)
+            check_config_intervals(cfg)
             key = json.dumps([cfg["workload"], cfg["seed"]], sort_keys=True, default=str)
             if key not in arrivals:
                 arrivals[key] = np.array([r.arrival_s for r in build_requests(cfg, base_dir)])

@@ -156,10 +156,16 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
                     requests: list[Request] | None = None,
                     monitor: Callable[..., None] | None = None) -> SimResult:
     """Simulate one resolved run config and return its result (``monitor``: see
-    ``simulate``)."""
+    ``simulate``). A config with ``interval_draw: [seed, k]`` (made by
+    ``sim.experiments.intervals.draw_config``) runs on calibration draw ``k`` of the cost model.
+    """
     if requests is None:
         requests = build_requests(config, base_dir)
     cost = build_cost(config, base_dir)
+    if config.get("interval_draw") is not None:
+        from sim.experiments.intervals import draw_cost
+
+        cost = draw_cost(cost, *config["interval_draw"])
     slos = {k: v for k, v in config["slos"].items() if v is not None}
     try:
         return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
@@ -234,5 +240,18 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
                # which simulator engine ran and why no faster one did (not a result: kept
                # out of summary.csv, reported on the console)
                "sim_engine": res.engine, "sim_engine_reason": res.engine_reason}
+    if config.get("intervals", {}).get("draws"):  # prediction intervals: the run's draws
+        from sim.experiments.intervals import config_intervals
+
+        try:
+            summary |= config_intervals(config, Path(base_dir) if base_dir else None,
+                                        res.summary)
+        except Exception as e:  # noqa: BLE001 - recorded like a failed run
+            if environment_failure(e) is not None:
+                raise
+            write_text(folder / "error.txt",
+                       f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
+            return {"error": f"{type(e).__name__}: {e}"}
+        summary["wall_s"] = round(time.perf_counter() - t0, 3)  # the draws included
     write_json(folder / "summary.json", summary)
     return summary

@@ -12,6 +12,7 @@ from sim.core.fields import INT, MAP, NUM, OPT, STR, Key
 from sim.cost.profiles import DTYPE_BYTES
 from sim.cost.roofline import DEFAULT_ENGINE
 from sim.engine.inputs import LIMIT_FIELDS, REPLICAS, SEED
+from sim.experiments.intervals import INTERVAL_FIELDS
 from sim.kv.config import KV_FIELDS
 from sim.metrics.fields import SLO_FIELDS, WINDOW_FIELDS
 from sim.metrics.stream import STEP_TABLE_CHOICES
@@ -60,6 +61,7 @@ SCHEMA: dict[str, Any] = {
                           "way.", choices=STEP_TABLE_CHOICES),
     },
     "limits": LIMIT_FIELDS,
+    "intervals": INTERVAL_FIELDS,
     "sweep": Key(MAP + (OPT,), None, "dotted.key: [values] — Cartesian product of runs."),
     "zip": Key(MAP + (OPT,), None, "dotted.key: [values] — lists of equal length varied "
                "together."),
