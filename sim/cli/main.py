@@ -230,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="per-request SLO attainment goal instead of percentiles (e.g. 0.9)")
     cap.add_argument("--tolerance", type=float, default=0.05, help="relative rate tolerance")
     cap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a dotted config key (repeatable), as for run")
+                     help="override a dotted config key (repeatable), as for run; "
+                     "intervals.draws=N adds a prediction interval of each max rate "
+                     "(N more searches)")
     cap.add_argument("--sweep", action="append", default=[], metavar="KEY=[V,...]",
                      help="sweep a dotted key: one capacity search per value, as for run")
     cap.add_argument("--out", help="folder for capacity.csv and search.csv (default "

@@ -8,7 +8,9 @@ relative ``tolerance``. With ``jobs`` > 1 each round probes ``jobs`` rates at on
 several steps ahead, or cutting the interval into ``jobs + 1`` parts). A probe passes when the
 run is stable — every request in the measured window finished: none unfinished at a horizon,
 none rejected — and every SLO holds. Probe summaries are cached in ``OUT/probes/`` so a
-re-run (say with a finer tolerance) reuses them.
+re-run (say with a finer tolerance) reuses them. With ``intervals.draws`` set, each target's
+search is repeated once per calibration draw (``sim.experiments.intervals``) and capacity.csv
+gets ``max_rate_lo`` / ``max_rate_hi``, a prediction interval of the answer.
 """
 from __future__ import annotations
 
@@ -282,6 +284,34 @@ class _Prober:
                 if found.status == "found" else None}
 
 
+def _interval(t: Target, found: Outcome, prober: _Prober, tolerance: float, width: int
+              ) -> dict[str, Any]:
+    """``max_rate_lo`` / ``_hi`` of target ``t`` when its ``intervals.draws`` asks for them:
+    one more search per calibration draw (``sim.experiments.intervals``), probes cached as
+    the point search's are; each draw prints one line."""
+    from sim.experiments.intervals import capacity_interval, draw_config
+
+    settings = t.config["intervals"]
+    if not settings["draws"]:
+        return {}
+    show = prober.show
+
+    def one(k: int) -> float:
+        d = Target(t.label, t.swept, draw_config(t.config, k), t.key, t.start)
+        prober.show = lambda *a, **kw: None  # a draw's probes go to search.csv only
+        try:
+            rate = search(d.start, tolerance, width,
+                          lambda rates, phase: prober.evaluate(d, rates, f"draw{k + 1}-{phase}"),
+                          prober.near_idle).rate
+        finally:
+            prober.show = show
+        show(f"  {t.label:<{prober.pad}}  draw {k + 1}/{settings['draws']}: max rate "
+             f"{rate:.4g}", flush=True)
+        return rate
+
+    return capacity_interval(found.rate, one, settings["draws"], settings["level"])
+
+
 def verdict(row: dict[str, Any], unit: str = "req/s") -> str:
     """One sentence on a capacity.csv row: the answer, what binds, and why there is no cost."""
     status, label = row["status"], row["label"]
@@ -289,8 +319,11 @@ def verdict(row: dict[str, Any], unit: str = "req/s") -> str:
     binding = f"{row['binding']}={fmt_value(value)}" if isinstance(value, float) \
         else row["binding"]
     if status == "found":
-        return (f"{label}: found {row['max_rate']:.4g} {unit}; binding: {row['binding']} "
-                f"(fails first, at {row['fail_rate']:.4g} {unit})")
+        lo, hi = row.get("max_rate_lo"), row.get("max_rate_hi")
+        band = (f" ({row['interval_level']:.0%} prediction interval {lo:.4g}-{hi:.4g})"
+                if lo is not None and lo == lo else "")
+        return (f"{label}: found {row['max_rate']:.4g} {unit}{band}; binding: "
+                f"{row['binding']} (fails first, at {row['fail_rate']:.4g} {unit})")
     if status == "infeasible":
         busy = row.get("busy_fraction")
         idle = f", GPUs busy {busy:.1%}" if busy == busy and busy is not None else ""
@@ -348,7 +381,7 @@ def _search_all(base: dict[str, Any], targets: list[Target], folder: Path, base_
         for t in targets:
             found = search(t.start, tolerance, jobs, partial(prober.evaluate, t),
                            prober.near_idle)
-            rows.append(prober.row(t, found))
+            rows.append(prober.row(t, found) | _interval(t, found, prober, tolerance, jobs))
     except BaseException:
         if pool is not None:
             stop_pool(pool)

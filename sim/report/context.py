@@ -108,6 +108,19 @@ class ReportContext:
         return list(dict.fromkeys(self.summary["series"]))
 
     @property
+    def bar_meaning(self) -> str:
+        """What the line plots' error bars are, in words: the seeds' 95% intervals when
+        several seeds ran, else the runs' prediction intervals (``COL_lo``/``COL_hi``) with
+        their level, else '' (no bars)."""
+        s = self.summary
+        if "seed" in s and s["seed"].nunique() > 1:
+            return "95% intervals over seeds"
+        if "interval_level" in s and s["interval_level"].notna().any():
+            levels = "/".join(f"{v:.0%}" for v in dict.fromkeys(s["interval_level"].dropna()))
+            return f"{levels} prediction intervals (calibration uncertainty and seed noise)"
+        return ""
+
+    @property
     def has_x(self) -> bool:
         """True when a numeric x axis exists with more than one value."""
         return (self.x_key is not None and pd.api.types.is_numeric_dtype(self.summary["x"])

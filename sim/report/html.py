@@ -17,7 +17,7 @@ from sim.report.context import ReportContext
 from sim.report.headline import headline_intro, headlines
 from sim.report.html_charts import build
 from sim.report.plots import Chart
-from sim.report.tables import fmt, table_layout
+from sim.report.tables import fmt, interval_note, interval_text, table_layout
 
 #: The run files linked from each table row (those that exist), by stem.
 RUN_FILES = ("config.yaml", "summary.json", "requests", "steps")
@@ -25,6 +25,7 @@ RUN_FILES = ("config.yaml", "summary.json", "requests", "steps")
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:1250px;padding:0 1em;
 color:#222}
+.pi{color:#777;font-size:.85em}
 h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.6em}
 .setup{color:#555}.caption{color:#444;margin:.3em 0 0}
 table{border-collapse:collapse;font-size:12.5px}th,td{padding:3px 7px;border-bottom:1px solid
@@ -68,13 +69,16 @@ def esc(text: Any) -> str:
     return html.escape(str(text))
 
 
-def _cell(col: str, value: Any, extra: bool) -> str:
+def _cell(col: str, value: Any, extra: bool, band: str = "") -> str:
+    """One table cell: the value (``data-v`` exact, for sorting), then its prediction
+    interval ``band`` (``tables.interval_text``) in a span of its own."""
     v = value.item() if hasattr(value, "item") else value
     num = isinstance(v, (int, float)) and not isinstance(v, bool)
     data = repr(float(v)) if num else str(v)
     classes = " ".join(c for c, on in (("num", num), ("extra", extra)) if on)
     cls = f' class="{classes}"' if classes else ""
-    return f'<td{cls} data-col="{esc(col)}" data-v="{esc(data)}">{esc(fmt(v))}</td>'
+    pi = f'<span class="pi">{esc(band)}</span>' if band else ""
+    return f'<td{cls} data-col="{esc(col)}" data-v="{esc(data)}">{esc(fmt(v))}{pi}</td>'
 
 
 def _files(ctx: ReportContext, rid: str) -> str:
@@ -99,7 +103,7 @@ def summary_table(ctx: ReportContext) -> str:
                    f"{esc(lay.headers.get(c, c))}</th>" for c in cols)
     body = []
     for _, row in lay.rows.iterrows():
-        cells = [_cell(c, row[c], c in extra) for c in cols]
+        cells = [_cell(c, row[c], c in extra, interval_text(row, c)) for c in cols]
         body.append(f'<tr data-run="{esc(row["run_id"])}">' + "".join(cells)
                     + _files(ctx, str(row["run_id"])) + "</tr>")
     return ('<label><input type="checkbox" id="all-columns"> all columns</label>'
@@ -134,6 +138,7 @@ def render_html(base: dict[str, Any], ctx: ReportContext, charts: list[Chart]) -
              if charts else "")
     # plotly.js inlined (about 4.6 MB) only when there are charts: no network needed to view
     plotly = f'<script type="text/javascript">{get_plotlyjs()}</script>' if charts else ""
+    note = esc(interval_note(ctx.summary))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{name} · batchsim report</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -143,7 +148,7 @@ def render_html(base: dict[str, Any], ctx: ReportContext, charts: list[Chart]) -
 <p class="setup">{setup}</p>
 <h2>Headline</h2><p>{esc(headline_intro(ctx))}</p><ul id="headline">{heads}</ul>
 <h2>Summary</h2><p class="setup">Latencies in ms; fractions in [0, 1]; click a header to
-sort. Every metric of every run: <a href="summary.csv">summary.csv</a>.</p>
+sort. Every metric of every run: <a href="summary.csv">summary.csv</a>. {note}</p>
 {summary_table(ctx)}
 {plots}
 <script>{SCRIPT}</script>

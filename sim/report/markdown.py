@@ -25,7 +25,7 @@ from sim.report.context import ReportContext, build_context, trace_name, values
 from sim.report.headline import headline_intro, headlines
 from sim.report.html import render_html
 from sim.report.plots import Chart, draw_plots, plan
-from sim.report.tables import markdown_table, md_text, table_layout
+from sim.report.tables import interval_note, markdown_table, md_text, table_layout
 
 
 def _setup(base: dict[str, Any], runs: list[RunSpec], ctx: ReportContext) -> list[str]:
@@ -81,7 +81,8 @@ def render_report(out: Path, base: dict[str, Any], runs: list[RunSpec], ctx: Rep
               "Latencies in ms; fractions in [0, 1]; `run` links each run's folder "
               "(`config.yaml`, requests and steps tables, `summary.json`). Every metric: "
               "`summary.csv`" + (", seed means and 95% CIs: `summary_by_seed.csv`"
-                                 if (out / "summary_by_seed.csv").exists() else "") + ".", "",
+                                 if (out / "summary_by_seed.csv").exists() else "") + "."
+              + (" " + interval_note(lay.rows) if interval_note(lay.rows) else ""), "",
               "<details><summary>All columns</summary>", "",
               markdown_table(lay.rows, lay.full, lay.headers), "</details>", ""]
     if images:

@@ -42,9 +42,10 @@ def _latency_caption(ctx: ReportContext) -> str:
     slo = (" Dotted lines are the SLO limits: where a p99 line crosses its limit, that policy "
            "stops meeting the SLO.") if ctx.slos else ""
     if ctx.has_x:
+        bars = (f"; error bars are {ctx.bar_meaning}" if ctx.bar_meaning
+                else "; error bars are 95% intervals over seeds when several ran")
         return (f"p50 (dashed) and p99 (solid) TTFT, TPOT and end-to-end latency per policy "
-                f"against {ctx.x_label}; error bars are 95% intervals over seeds when several "
-                f"ran.{slo}")
+                f"against {ctx.x_label}{bars}.{slo}")
     seeds = (f", means over {ctx.summary['seed'].nunique()} seeds with 95% intervals"
              if ctx.shape == "seeds" else "")
     return f"p50 and p99 TTFT, TPOT and end-to-end latency per policy{seeds}.{slo}"

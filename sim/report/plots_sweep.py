@@ -1,7 +1,8 @@
 """PNG figures over the runs of a sweep: latency against x, the frontier, goodput, utilization.
 
 With an x axis (``ReportContext.has_x``) each series is a line over x (means over seeds, with
-95% intervals as error bars when several seeds ran, or a fidelity ``COL_lo``/``COL_hi`` pair);
+95% intervals as error bars when several seeds ran, or the runs' prediction intervals, their
+``COL_lo``/``COL_hi`` columns; the title says which, ``ReportContext.bar_meaning``);
 without one, grouped bars at the common point (seed means with 95% intervals). Colours follow
 the series order, so a policy has the same colour in every figure; p50 is dashed, p99 solid.
 """
@@ -75,7 +76,8 @@ def plot_latency(ctx: ReportContext, path: Path) -> Path:
         styles.append(Line2D([], [], color="k", linestyle=":", label="SLO limit"))
     what = {"load": "Latency vs load", "other": f"Latency vs {ctx.x_key}",
             "seeds": "Latency, mean over seeds (95% intervals)"}.get(ctx.shape, "Latency")
-    return save(fig, path, f"{what} (p50 dashed, p99 solid)" if ctx.has_x else what,
+    bars = f"; error bars: {ctx.bar_meaning.split(' (')[0]}" if ctx.bar_meaning else ""
+    return save(fig, path, f"{what} (p50 dashed, p99 solid){bars}" if ctx.has_x else what,
                 ctx.title, extra=styles)
 
 
@@ -129,4 +131,6 @@ def plot_goodput(ctx: ReportContext, path: Path) -> Path:
     axes[0].set_title("goodput (solid) vs throughput (dotted), req/s", fontsize=9)
     axes[1].set_title("SLO attainment", fontsize=9)
     slo = ", ".join(f"{k.removesuffix('_ms')} ≤ {v:g} ms" for k, v in ctx.slos.items())
-    return save(fig, path, f"Goodput (SLO: {slo})", ctx.title)
+    bars = (f"; error bars: {ctx.bar_meaning.split(' (')[0]}" if ctx.has_x and ctx.bar_meaning
+            else "")
+    return save(fig, path, f"Goodput (SLO: {slo}){bars}", ctx.title)

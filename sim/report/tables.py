@@ -6,7 +6,9 @@ SLOs are met) and the full set; both write numbers with ``context.fmt``.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -33,17 +35,38 @@ def md_text(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;").replace("\n", " ")
 
 
+def interval_text(row: Mapping[str, Any] | pd.Series, col: str) -> str:
+    """`` [lo, hi]``: the prediction interval of ``col`` in a summary row (its ``col_lo`` /
+    ``col_hi`` columns, ``sim.experiments.intervals``), or ``""`` when it has none."""
+    lo, hi = row.get(f"{col}_lo"), row.get(f"{col}_hi")
+    if lo is None or hi is None or pd.isna(lo) or pd.isna(hi):
+        return ""
+    return f" [{fmt(float(lo))}, {fmt(float(hi))}]"
+
+
+def interval_note(df: pd.DataFrame) -> str:
+    """The sentence under a table whose cells carry prediction intervals ('' without any)."""
+    if "interval_level" not in df or not df["interval_level"].notna().any():
+        return ""
+    levels = ", ".join(f"{v:.0%}" for v in dict.fromkeys(df["interval_level"].dropna()))
+    draws = ", ".join(str(int(v)) for v in dict.fromkeys(df["interval_draws"].dropna()))
+    return (f"Brackets: {levels} prediction intervals (calibration uncertainty and seed "
+            f"noise, {draws} draws per run; see docs/cost-model.md).")
+
+
 def markdown_table(df: pd.DataFrame, columns: list[str],
                    headers: dict[str, str] | None = None) -> str:
-    """A GitHub-markdown table of ``columns`` of ``df`` (missing columns skipped)."""
+    """A GitHub-markdown table of ``columns`` of ``df`` (missing columns skipped); a cell with
+    a prediction interval shows it as ``value [lo, hi]``."""
     cols = [c for c in columns if c in df.columns]
     names = [(headers or {}).get(c, c) for c in cols]
     numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in cols]
     lines = ["| " + " | ".join(names) + " |",
              "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"]
-    for row in df[cols].itertuples(index=False):
-        lines.append("| " + " | ".join(md_text(fmt(v.item() if hasattr(v, "item") else v))
-                                       for v in row) + " |")
+    for _, row in df.iterrows():
+        cells = [fmt(row[c].item() if hasattr(row[c], "item") else row[c])
+                 + interval_text(row, c) for c in cols]
+        lines.append("| " + " | ".join(md_text(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
