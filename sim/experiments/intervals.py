@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from sim.core.errors import InputError
-from sim.core.fields import INT, NUM, Key, validate_fields
+from sim.core.fields import INT, NUM, Key, is_real, validate_fields
 from sim.core.types import Request
 from sim.cost.uncertainty import draw_uniforms, perturbed, uncertainty_of
 
@@ -81,11 +81,12 @@ def bounds(point: float, values: Sequence[float], level: float) -> tuple[float, 
 
 def interval_columns(point: Mapping[str, Any], draws: Sequence[Mapping[str, Any]],
                      level: float) -> dict[str, float]:
-    """``<metric>_lo`` / ``<metric>_hi`` of each ``INTERVAL_METRICS`` entry ``point`` has,
-    from the draws' summaries, plus ``INTERVAL_INFO``."""
+    """``<metric>_lo`` / ``<metric>_hi`` of each ``INTERVAL_METRICS`` entry ``point`` has a
+    number for (not MFU of an analytic cost model, say), from the draws' summaries, plus
+    ``INTERVAL_INFO``."""
     out: dict[str, float] = {}
     for m in INTERVAL_METRICS:
-        if m not in point or point[m] is None:
+        if not is_real(point.get(m)) or not np.isfinite(point[m]):
             continue
         lo, hi = bounds(point[m], [np.nan if d.get(m) is None else d[m] for d in draws], level)
         out[f"{m}_lo"], out[f"{m}_hi"] = lo, hi
