@@ -168,3 +168,18 @@ def test_a_cluster_with_intervals_is_refused(tmp_path, capsys):
     assert main(["run", str(exp), "--out", str(tmp_path / "o")]) == 2
     assert "intervals.draws: prediction intervals are not available for a cluster" in \
         capsys.readouterr().err
+
+
+def test_a_seed_sweep_with_intervals_aggregates_one_row_per_point(tmp_path):
+    import warnings
+
+    text = ROOFLINE.replace("workload.arrival.rate: [4, 8]", "seed: [0, 1]").replace(
+        "{draws: 3, level: 0.8}", "{draws: 2}")
+    exp = _write(tmp_path, text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.PerformanceWarning)  # a wide frame, built once
+        assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    agg = pd.read_csv(tmp_path / "o" / "summary_by_seed.csv")
+    # the steps_calibrated counts differ by seed: they are metrics, not grouping keys
+    assert len(agg) == 1
+    assert {"p99_ttft_ms_lo", "p99_ttft_ms_ci95", "steps_calibrated"} <= set(agg.columns)

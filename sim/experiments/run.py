@@ -19,6 +19,7 @@ import yaml
 
 from sim.core.errors import EnvironmentFailure, InputError
 from sim.cost.profiles import calibration_notes
+from sim.cost.validity import VALIDITY_COLUMNS
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
 from sim.experiments.executors import run_pool, run_serial, stop_pool, worker_init
 from sim.experiments.intervals import check_config_intervals
@@ -149,12 +150,14 @@ def seed_aggregate(summary: pd.DataFrame) -> pd.DataFrame | None:
     keys = [c for c in summary.columns if c in ("label", "policy") or
             (c not in ("run_id", "seed") and not pd.api.types.is_float_dtype(summary[c])
              and c not in ("completed", "num_steps", "num_rejected", "num_unfinished",
-                           "num_preemptions", "num_blocks"))]
+                           "num_preemptions", "num_blocks", *VALIDITY_COLUMNS))]
     metrics = [c for c in summary.columns if c not in keys and c not in ("run_id", "seed")
                and pd.api.types.is_numeric_dtype(summary[c])]
     g = summary.groupby(keys, sort=False, dropna=False)[metrics]
     mean, sem, n = g.mean(), g.sem(), g.count()
-    return mean.join(ci95_half(sem, n).add_suffix("_ci95")).reset_index()
+    # consolidated before the keys go back in: with a wide summary (prediction intervals add
+    # ~60 columns) pandas would otherwise warn that the frame is fragmented
+    return mean.join(ci95_half(sem, n).add_suffix("_ci95")).copy().reset_index()
 
 
 def ci95_half(sem: Any, n: Any) -> Any:
