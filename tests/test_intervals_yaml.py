@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -183,3 +184,15 @@ def test_a_seed_sweep_with_intervals_aggregates_one_row_per_point(tmp_path):
     # the steps_calibrated counts differ by seed: they are metrics, not grouping keys
     assert len(agg) == 1
     assert {"p99_ttft_ms_lo", "p99_ttft_ms_ci95", "steps_calibrated"} <= set(agg.columns)
+
+
+def test_single_run_bars_take_their_prediction_interval():
+    from sim.report.context import point_errors
+
+    point = pd.DataFrame({"series": ["a", "b"], "p99_ttft_ms": [100.0, 50.0],
+                          "p99_ttft_ms_lo": [90.0, 50.0], "p99_ttft_ms_hi": [130.0, 55.0]})
+    means, err = point_errors(point, ["a", "b"], ["p99_ttft_ms"])
+    assert means.tolist() == [[100.0], [50.0]]
+    assert err[:, :, 0].tolist() == [[10.0, 30.0], [0.0, 5.0]]  # (below, above) per series
+    _, none = point_errors(point.drop(columns=["p99_ttft_ms_lo"]), ["a", "b"], ["p99_ttft_ms"])
+    assert not np.isfinite(none).any()

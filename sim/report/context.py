@@ -80,6 +80,26 @@ def error_bars(mean: pd.DataFrame, half: pd.DataFrame, col: str) -> np.ndarray |
     return None
 
 
+def point_errors(point: pd.DataFrame, names: list[str], columns: list[str]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Bar heights and (series, 2, column) error lengths of ``columns`` per series at one
+    point: the means over seeds with their 95% half-widths, else (one run per series) the
+    distance to the ``COL_lo``/``COL_hi`` prediction interval; NaN where neither exists."""
+    cols = [c for c in columns if c in point]
+    g = point.groupby("series", sort=False)
+    means = g[cols].mean().reindex(index=names, columns=columns)
+    half = ci95_half(g[cols].sem(), g[cols].count()).reindex(index=names, columns=columns)
+    err = np.repeat(half.to_numpy(float)[:, None, :], 2, axis=1)
+    if not np.isfinite(err).any():
+        for j, c in enumerate(columns):
+            if f"{c}_lo" in point and f"{c}_hi" in point:
+                lo = g[f"{c}_lo"].mean().reindex(names).to_numpy(float)
+                hi = g[f"{c}_hi"].mean().reindex(names).to_numpy(float)
+                m = means[c].to_numpy(float)
+                err[:, 0, j], err[:, 1, j] = (m - lo).clip(min=0), (hi - m).clip(min=0)
+    return means.to_numpy(float), err
+
+
 def wide_range(values: np.ndarray, ratio: float = 50.0) -> bool:
     """True when the positive finite ``values`` span more than ``ratio`` (log axis then)."""
     v = values[np.isfinite(values) & (values > 0)]

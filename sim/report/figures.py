@@ -104,7 +104,8 @@ def write_png(fig: Figure, path: Path) -> None:
 def bars(ax: Any, names: list[str], colors: list[str], means: np.ndarray,
          errors: np.ndarray | None, groups: list[str]) -> None:
     """Grouped bars: one group per entry of ``groups``, one bar per series (``names``);
-    ``means`` and ``errors`` (95% half-widths, NaN for none) are series × groups."""
+    ``means`` are series × groups, ``errors`` series × groups (symmetric half-widths) or
+    series × 2 × groups (below, above); NaN for none."""
     n = len(names)
     width = 0.8 / max(n, 1)
     for i, name in enumerate(names):

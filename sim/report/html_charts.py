@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sim.experiments.results import read_table
-from sim.report.context import ReportContext, ci95_half, error_bars, wide_range
+from sim.report.context import ReportContext, error_bars, point_errors, wide_range
 from sim.report.figures import COLORS, color, marker
 from sim.report.plots import Chart
 from sim.report.plots_sweep import LATENCY, UTILIZATION
@@ -57,18 +57,21 @@ def _lines(fig: go.Figure, ctx: ReportContext, panels: list[tuple[str, str]], co
 
 def _point_bars(fig: go.Figure, ctx: ReportContext, columns: list[str], groups: list[str],
                 col: int = 1) -> None:
-    """Grouped bars of ``columns`` per series at the common point (seed means, 95% CIs)."""
+    """Grouped bars of ``columns`` per series at the common point (seed means with 95% CIs,
+    or prediction intervals: ``context.point_errors``)."""
     point = ctx.common_point()
-    cols = [c for c in columns if c in point]
-    g = point.groupby("series", sort=False)[cols]
-    means, half = g.mean(), ci95_half(g.sem(), g.count())
-    for name in means.index:
-        err = half.loc[name].to_numpy(float)
+    names = list(dict.fromkeys(point["series"]))
+    means, errs = point_errors(point, names, columns)
+    keep = [j for j, c in enumerate(columns) if c in point]
+    for i, name in enumerate(names):
+        err = errs[i][:, keep]
         fig.add_trace(go.Bar(
-            x=[groups[columns.index(c)] for c in cols], y=means.loc[name].to_numpy(float),
+            x=[groups[j] for j in keep], y=means[i, keep],
             name=safe(name), legendgroup=safe(name), showlegend=col == 1,
             marker_color=color(ctx.series.index(name)),
-            error_y={"type": "data", "array": np.nan_to_num(err).tolist(),
+            error_y={"type": "data", "symmetric": False,
+                     "array": np.nan_to_num(err[1]).tolist(),
+                     "arrayminus": np.nan_to_num(err[0]).tolist(),
                      "visible": bool(np.isfinite(err).any())}), row=1, col=col)
 
 

@@ -47,7 +47,8 @@ def _latency_caption(ctx: ReportContext) -> str:
         return (f"p50 (dashed) and p99 (solid) TTFT, TPOT and end-to-end latency per policy "
                 f"against {ctx.x_label}{bars}.{slo}")
     seeds = (f", means over {ctx.summary['seed'].nunique()} seeds with 95% intervals"
-             if ctx.shape == "seeds" else "")
+             if ctx.shape == "seeds" else
+             f", error bars are {ctx.bar_meaning}" if ctx.bar_meaning else "")
     return f"p50 and p99 TTFT, TPOT and end-to-end latency per policy{seeds}.{slo}"
 
 

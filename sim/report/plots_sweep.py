@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from sim.report.context import ReportContext, ci95_half, error_bars
+from sim.report.context import ReportContext, error_bars, point_errors
 from sim.report.figures import auto_log, bars, color, marker, new_figure, save
 
 LATENCY = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2E"))
@@ -34,16 +34,12 @@ def line(ax: Any, mean: pd.DataFrame, half: pd.DataFrame, col: str, style: str, 
 
 
 def point_bars(ax: Any, ctx: ReportContext, columns: list[str], groups: list[str]) -> None:
-    """Grouped bars of ``columns`` per series at the common point (seed means, 95% CIs)."""
+    """Grouped bars of ``columns`` per series at the common point (seed means with 95% CIs,
+    or single runs with their prediction intervals: ``context.point_errors``)."""
     point = ctx.common_point()
     names = list(dict.fromkeys(point["series"]))
-    cols = [c for c in columns if c in point]
-    g = point.groupby("series", sort=False)[cols]
-    means = g.mean().reindex(names)
-    half = ci95_half(g.sem(), g.count()).reindex(names)
-    bars(ax, names, [color(ctx.series.index(n)) for n in names],
-         means.reindex(columns=columns).to_numpy(float),
-         half.reindex(columns=columns).to_numpy(float), groups)
+    means, err = point_errors(point, names, columns)
+    bars(ax, names, [color(ctx.series.index(n)) for n in names], means, err, groups)
 
 
 def slo_line(ax: Any, ctx: ReportContext, key: str) -> None:
@@ -77,6 +73,8 @@ def plot_latency(ctx: ReportContext, path: Path) -> Path:
     what = {"load": "Latency vs load", "other": f"Latency vs {ctx.x_key}",
             "seeds": "Latency, mean over seeds (95% intervals)"}.get(ctx.shape, "Latency")
     bars = f"; error bars: {ctx.bar_meaning.split(' (')[0]}" if ctx.bar_meaning else ""
+    if not ctx.has_x and ctx.shape != "seeds":
+        what += bars
     return save(fig, path, f"{what} (p50 dashed, p99 solid){bars}" if ctx.has_x else what,
                 ctx.title, extra=styles)
 
@@ -106,7 +104,9 @@ def plot_utilization(ctx: ReportContext, path: Path) -> Path:
     top = np.nanmax(point[[c for c, _ in cols]].to_numpy(float), initial=0)
     axes[0].set_ylim(0, max(1.0, float(top)) * 1.05)
     axes[0].set_ylabel("fraction", fontsize=8)
-    return save(fig, path, f"Utilization{ctx.where()}", ctx.title)
+    bars = (f"; error bars: {ctx.bar_meaning.split(' (')[0]}" if ctx.bar_meaning
+            and ctx.shape != "seeds" else "")
+    return save(fig, path, f"Utilization{ctx.where()}{bars}", ctx.title)
 
 
 def plot_goodput(ctx: ReportContext, path: Path) -> Path:
@@ -131,6 +131,6 @@ def plot_goodput(ctx: ReportContext, path: Path) -> Path:
     axes[0].set_title("goodput (solid) vs throughput (dotted), req/s", fontsize=9)
     axes[1].set_title("SLO attainment", fontsize=9)
     slo = ", ".join(f"{k.removesuffix('_ms')} ≤ {v:g} ms" for k, v in ctx.slos.items())
-    bars = (f"; error bars: {ctx.bar_meaning.split(' (')[0]}" if ctx.has_x and ctx.bar_meaning
-            else "")
+    bars = (f"; error bars: {ctx.bar_meaning.split(' (')[0]}" if ctx.bar_meaning
+            and ctx.shape != "seeds" else "")
     return save(fig, path, f"Goodput (SLO: {slo}){bars}", ctx.title)
