@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sim
 from sim.core.types import BatchShape
@@ -150,3 +152,15 @@ def test_no_uncertainty_and_a_fixed_workload_collapse_the_interval():
     assert summary_with_intervals(lambda seed: fixed, {"name": "continuous"}, cost,
                                   draws=0) == sim.simulate(fixed, {"name": "continuous"},
                                                            cost).summary
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-1e6, 1e6), st.lists(st.floats(-1e6, 1e6), min_size=2, max_size=30),
+       st.floats(0.5, 0.98), st.floats(0.5, 0.98))
+def test_bounds_bracket_the_point_and_widen_with_the_level(point, draws, a, b):
+    from sim.experiments.intervals import bounds
+
+    lo, hi = bounds(point, draws, min(a, b))
+    lo2, hi2 = bounds(point, draws, max(a, b))
+    assert min(draws + [point]) <= lo2 <= lo <= point <= hi <= hi2 <= max(draws + [point])
+    assert all(np.isnan(bounds(float("nan"), draws, a)))
