@@ -196,3 +196,21 @@ def test_single_run_bars_take_their_prediction_interval():
     assert err[:, :, 0].tolist() == [[10.0, 30.0], [0.0, 5.0]]  # (below, above) per series
     _, none = point_errors(point.drop(columns=["p99_ttft_ms_lo"]), ["a", "b"], ["p99_ttft_ms"])
     assert not np.isfinite(none).any()
+
+
+def test_intervals_off_keep_the_run_id_on_keep_it_apart():
+    import yaml
+
+    from sim.experiments.config import expand_runs
+    from sim.experiments.intervals import capacity_interval
+    from sim.experiments.runner import run_id
+
+    (off,) = expand_runs(yaml.safe_load(EXACT.replace("{draws: 3}", "{draws: 0}")))[1]
+    (on,) = expand_runs(yaml.safe_load(EXACT))[1]
+    assert run_id(off.config) == run_id({k: v for k, v in off.config.items()
+                                         if k != "intervals"})
+    assert run_id(on.config) != run_id(off.config)
+    # an infeasible draw (NaN: no rate passed) is a capacity of 0, not a missing value
+    out = capacity_interval(10.0, lambda k: [float("nan"), 12.0, 11.0][k], 3, 0.9)
+    assert out["max_rate_lo"] == pytest.approx(0.1 * 11.0)  # 5 % between 0 and 11
+    assert out["max_rate_hi"] == pytest.approx(11.0 + 0.9 * 1.0)

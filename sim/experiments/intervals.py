@@ -144,9 +144,12 @@ def summary_with_intervals(requests: Callable[[int], Sequence[Request]], policy:
 def capacity_interval(point: float, search: Callable[[int], float], draws: int,
                       level: float) -> dict[str, float]:
     """``max_rate_lo`` / ``max_rate_hi`` around the capacity ``point`` from ``draws``
-    searches (``search(k)``: the highest passing rate under draw ``k``), plus
-    ``INTERVAL_INFO``."""
-    lo, hi = bounds(point, [search(k) for k in range(draws)], level)
+    searches (``search(k)``: the highest passing rate under draw ``k``, NaN when even the
+    lowest rate probed fails), plus ``INTERVAL_INFO``. A draw whose SLOs fail near idle
+    has no capacity: it counts as 0, not as a missing value (which would bias the interval
+    up)."""
+    rates = [search(k) for k in range(draws)]
+    lo, hi = bounds(point, [0.0 if np.isnan(r) else r for r in rates], level)
     return {"max_rate_lo": lo, "max_rate_hi": hi, "interval_level": float(level),
             "interval_draws": draws}
 

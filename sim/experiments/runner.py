@@ -29,7 +29,12 @@ from sim.experiments.run_progress import RunProgress
 
 def run_id(config: dict[str, Any]) -> str:
     """A stable hash of a resolved run config (its folder name); ``pin_inputs`` puts the
-    digests of the run's input files into the config, so editing one makes a new run."""
+    digests of the run's input files into the config, so editing one makes a new run.
+    Prediction intervals switched off (``intervals.draws: 0``, the default) are left out, so
+    a run without them keeps the id it had before the block existed (older folders resume,
+    result hashes compare)."""
+    if (config.get("intervals") or {}).get("draws") == 0:
+        config = {k: v for k, v in config.items() if k != "intervals"}
     blob = json.dumps(config, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
