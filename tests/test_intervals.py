@@ -123,6 +123,10 @@ def test_uncertainty_sources():
     s = fitted.scales(u)
     assert s["linear"] == pytest.approx(np.exp(table["linear"][2]))
     assert s["comm"] == pytest.approx(np.exp(table["comm"][8]))
+    from sim.core.errors import InputError
+
+    with pytest.raises(InputError, match="sigma: must be a finite number >= 0"):
+        uncertainty_of(sim.ConstantCost(0.01), -0.1)
 
 
 def test_a_malformed_residual_table_names_the_field():

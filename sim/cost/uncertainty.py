@@ -113,6 +113,8 @@ def step_sigma(cost: RooflineCost) -> float:
 def uncertainty_of(cost: Any, sigma: float | None = None) -> StepUncertainty:
     """The ``StepUncertainty`` of ``cost`` (see the module docstring); ``sigma`` replaces it by
     one normal factor of that σ shared by every class (0: no calibration uncertainty)."""
+    if sigma is not None and not (is_real(sigma) and 0 <= sigma < math.inf):
+        raise InputError(f"must be a finite number >= 0, got {sigma!r}", field="sigma")
     if sigma is not None or not isinstance(cost, RooflineCost):
         q = normal_quantiles(0.0 if sigma is None else sigma)
         what = "analytic cost model (exact)" if sigma is None else f"σ = {sigma:g} (given)"
