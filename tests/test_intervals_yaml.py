@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import sim
 from sim.cli.main import main
 from sim.experiments.capacity import run_capacity
 from sim.experiments.intervals import INTERVAL_METRICS
@@ -162,13 +163,30 @@ def test_capacity_with_intervals_exact_and_on_the_console(tmp_path, capsys):
     pd.testing.assert_frame_equal(again.reset_index(drop=True), cap, check_dtype=False)
 
 
-def test_a_cluster_with_intervals_is_refused(tmp_path, capsys):
+def test_a_cluster_gets_intervals_with_every_group_perturbed(tmp_path):
+    from sim.core.types import BatchShape
+    from sim.experiments.intervals import draw_cluster, draw_cost
+
     text = ROOFLINE.replace("sweep:\n  workload.arrival.rate: [4, 8]\n", "") + (
-        "cluster: {groups: [{name: a, replicas: 1}, {name: b, replicas: 1}]}\n")
+        "cluster: {groups: [{name: a, replicas: 1}, {name: b, replicas: 1, "
+        "hardware: a100-80gb}]}\n")
     exp = _write(tmp_path, text)
-    assert main(["run", str(exp), "--out", str(tmp_path / "o")]) == 2
-    assert "intervals.draws: prediction intervals are not available for a cluster" in \
-        capsys.readouterr().err
+    assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    s = pd.read_csv(tmp_path / "o" / "summary.csv")
+    for m in _pairs(s):
+        assert (s[f"{m}_lo"] <= s[m]).all() and (s[m] <= s[f"{m}_hi"]).all(), m
+    assert (s["median_tpot_ms_hi"] > s["median_tpot_ms_lo"]).all()
+    # each group's cost model is its own, under the run's draw
+    keys = {"model": "llama-3-8b", "hardware": "h100-sxm", "tp": 1, "engine": "vllm-v0",
+            "weight_dtype": "bf16", "kv_dtype": "bf16"}
+    cluster = {"groups": [{"name": "a", "replicas": 1},
+                          {"name": "b", "replicas": 1, "hardware": "a100-80gb"}]}
+    drawn = draw_cluster(cluster, keys, {"name": "continuous"}, None, 0, 1)
+    shape = BatchShape.of([1] * 4, [500] * 4)
+    for g, gpu in zip(drawn["groups"], ("h100-sxm", "a100-80gb"), strict=True):
+        want = draw_cost(sim.build_cost_model("llama-3-8b", gpu), 0, 1)
+        assert g["cost"].step(shape).seconds == want.step(shape).seconds
+        assert g["hardware"] == gpu
 
 
 def test_a_seed_sweep_with_intervals_aggregates_one_row_per_point(tmp_path):

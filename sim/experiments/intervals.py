@@ -59,13 +59,9 @@ def check_intervals(block: Mapping[str, Any] | None, prefix: str = "intervals."
 
 
 def check_config_intervals(config: Mapping[str, Any]) -> None:
-    """Refuse intervals a resolved run config cannot have: a ``cluster`` block builds one cost
-    model per group, which the calibration draws do not perturb yet."""
+    """``check_intervals`` on a resolved run config's ``intervals`` block (the rule the schema
+    cannot say: not exactly one draw)."""
     check_intervals(config.get("intervals"))
-    if config["intervals"]["draws"] and config.get("cluster") is not None:
-        raise InputError("prediction intervals are not available for a cluster block yet "
-                         "(each group builds its own cost model); set intervals.draws: 0",
-                         field="intervals.draws")
 
 
 def bounds(point: float, values: Sequence[float], level: float) -> tuple[float, float]:
@@ -106,6 +102,21 @@ def draw_config(config: Mapping[str, Any], k: int) -> dict[str, Any]:
 def draw_cost(cost: Any, seed: int, k: int, sigma: float | None = None) -> Any:
     """``cost`` perturbed by calibration draw ``k`` of a run with seed ``seed``."""
     return perturbed(cost, uncertainty_of(cost, sigma).scales(draw_uniforms(seed, k)))
+
+
+def draw_cluster(cluster: Mapping[str, Any], cost_keys: Mapping[str, Any], policy: Any,
+                 kv: Any, seed: int, k: int) -> dict[str, Any]:
+    """A ``cluster`` block whose groups carry their cost models under calibration draw ``k``:
+    each group's model is built as the cluster would build it (``parse_groups``), perturbed
+    with the draw's uniforms (one draw for every group: groups on one GPU profile err
+    together) and handed back as the group's ready ``cost``."""
+    from sim.cluster.groups import parse_groups
+
+    built = parse_groups(cluster, policy=policy, kv=kv, cost=None, cost_keys=cost_keys)
+    groups = [{**raw, "cost": draw_cost(g.cost, seed, k),
+               "hardware": raw.get("hardware") or g.hardware or None}
+              for raw, g in zip(cluster["groups"], built, strict=True)]
+    return {**cluster, "groups": groups}
 
 
 def config_intervals(config: Mapping[str, Any], base_dir: Path | None,

@@ -167,15 +167,20 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
     if requests is None:
         requests = build_requests(config, base_dir)
     cost = build_cost(config, base_dir)
+    cluster = cluster_args(config)
     if config.get("interval_draw") is not None:
-        from sim.experiments.intervals import draw_cost
+        from sim.experiments.intervals import draw_cluster, draw_cost
 
         cost = draw_cost(cost, *config["interval_draw"])
+        if cluster:
+            cluster["cluster"] = draw_cluster(cluster["cluster"], cluster["cost_keys"],
+                                              config["policy"], kv_spec(config),
+                                              *config["interval_draw"])
     slos = {k: v for k, v in config["slos"].items() if v is not None}
     try:
         return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
                         seed=config["seed"], num_replicas=config["parallelism"]["replicas"],
-                        router=config.get("router"), **cluster_args(config),
+                        router=config.get("router"), **cluster,
                         warmup_s=config["metrics"]["warmup_s"],
                         cooldown_s=config["metrics"]["cooldown_s"], slos=slos or None,
                         step_table=config["metrics"]["step_table"],
