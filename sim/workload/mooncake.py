@@ -59,17 +59,17 @@ def load_mooncake(path: Path, lines: Any, error: type[InputError], max_tokens: i
         row = _object(line, where, error)
         t_ms = _number(row, "timestamp", where, error, 0, max_arrival_s * 1e3, integer=False)
         t = t_ms / 1e3
-        if t < last:
+        p = int(_number(row, "input_length", where, error, 1, max_tokens))
+        output.append(int(_number(row, "output_length", where, error, 1, max_tokens)))
+        hash_ids.append(_ids(row, p, where, error))
+        if t < last:  # after the line's own checks, as the CSV formats rank them
             if not sort:
                 raise error(f"{where}: field timestamp: earlier than the previous line's "
                             "(lines must be in time order; set sort: true to sort them)")
             unsorted = True
         last = max(last, t)
-        p = int(_number(row, "input_length", where, error, 1, max_tokens))
         arrival.append(t)
         prompt.append(p)
-        output.append(int(_number(row, "output_length", where, error, 1, max_tokens)))
-        hash_ids.append(_ids(row, p, where, error))
     if not arrival:
         raise error(f"{path}: no requests (an empty file)")
     trace = TraceArrays(np.array(arrival, dtype=np.float64), np.array(prompt, dtype=np.int64),
