@@ -11,6 +11,7 @@ import gzip
 import json
 from collections import OrderedDict
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -334,3 +335,24 @@ def test_simulate_checks_hash_ids(ids, message):
         sim.simulate([req(0, 0, 10, 1), sim.Request(1, 0, 600, 1, hash_ids=ids)],
                      policy="continuous", cost=sim.ConstantCost(1.0))
     assert err.value.field == "requests[1].hash_ids"
+
+
+def test_prefix_affinity_on_hash_ids_finds_the_replica_holding_the_document():
+    """Requests reading one of 12 long documents (4 shared ids) plus a private question: the
+    router's chain is the cache's, so routing by prefix raises the hit rate and cuts TTFT."""
+    rng = np.random.default_rng(1)
+    reqs = []
+    for i in range(240):
+        doc = int(rng.integers(12))
+        ids = [1000 * doc + j for j in range(4)] + [10**6 + i]
+        reqs.append(req(i, i * 0.05, 4 * 512 + int(rng.integers(50, 500)), 20, ids))
+    cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engine="vllm")
+    kv = {"prefix_caching": True, "num_blocks": 1200, "block_size": 16}
+    hit = {}
+    for router in ({"name": "round_robin", "latency_s": 1e-12}, "prefix_affinity"):
+        res = sim.simulate(reqs, policy={"name": "continuous", "max_num_seqs": 32}, cost=cost,
+                           kv=kv, num_replicas=4, router=router)
+        hit[str(router)] = (res.summary["prefix_hit_rate"], res.summary["mean_ttft_ms"])
+    rr, pa = hit[str({"name": "round_robin", "latency_s": 1e-12})], hit["prefix_affinity"]
+    assert pa[0] > 1.5 * rr[0] and pa[0] > 0.6  # measured: 0.84 against 0.49
+    assert pa[1] < 0.7 * rr[1]  # mean TTFT: 18 ms against 35 ms
