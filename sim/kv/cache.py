@@ -21,6 +21,8 @@ Two ledgers, both checked every step in tests:
 """
 from __future__ import annotations
 
+from typing import Any
+
 from sim.core.blocks import BlockChain, block_chain
 from sim.core.rules import blocks_needed
 from sim.core.state import Seq
@@ -43,7 +45,7 @@ class BlockPool:
         self.cache = PrefixCache() if config.prefix_caching else None
         # Per request id: its chain and the deepest cached block a look found (waiting) or it
         # holds (running); kept here so the engine's sequences carry no cache internals.
-        self._found: dict[int, tuple[BlockChain, Block]] = {}
+        self._found: dict[int, list[Any]] = {}  # [chain, block, hit limit, block.grown]
         self._held: dict[int, tuple[BlockChain, Block]] = {}
 
     @property
@@ -114,18 +116,21 @@ class BlockPool:
             chain = block_chain(req, self.config.block_size)
             if chain is None:
                 return 0
-            node = cache.root
-        else:
-            chain, node = found
-        limit = min(chain.hit_limit, (req.num_prompt_tokens - 1) // self.config.block_size)
-        node = cache.descend(node, chain, limit)
-        self._found[req.id] = (chain, node)
+            limit = min(chain.hit_limit, (req.num_prompt_tokens - 1) // self.config.block_size)
+            found = self._found[req.id] = [chain, cache.root, limit, -1]
+        node = found[1]
+        # the usual case, a look that finds nothing new: the block is live and at the end of
+        # the request's reach, or no block was cached below it since the last look
+        if node.alive and (node.depth >= found[2] or node.grown == found[3]):
+            return node.depth
+        node = found[1] = cache.descend(node, found[0], found[2])
+        found[3] = node.grown
         return node.depth
 
     def pin(self, seq: Seq, num_blocks: int) -> None:
         """Make ``seq`` (holding nothing yet) hold the first ``num_blocks`` cached blocks."""
         assert self.cache is not None  # as ``hit_blocks`` found, nothing evicted since
-        chain, node = self._found.pop(seq.req.id)
+        chain, node, _, _ = self._found.pop(seq.req.id)
         node = self.cache.descend(node, chain, num_blocks)
         if node.depth != num_blocks:
             raise AssertionError(f"request {seq.req.id}: hit of {num_blocks} blocks, "

@@ -29,7 +29,7 @@ from sim.core.blocks import BlockChain
 class Block:
     """One cached KV block: its place in the trie, holders and last touch."""
 
-    __slots__ = ("parent", "key", "depth", "refs", "stamp", "children", "alive", "top")
+    __slots__ = ("parent", "key", "depth", "refs", "stamp", "children", "alive", "top", "grown")
 
     def __init__(self, parent: Block | None, key: object, depth: int, refs: int = 0) -> None:
         self.parent = parent
@@ -39,6 +39,7 @@ class Block:
         self.stamp = 0
         self.children: dict[object, Block] = {}
         self.alive = True
+        self.grown = 0  # children ever added: a look finding nothing new below skips the walk
         # The root's child this block descends from: ``cached_blocks`` counts per such label.
         self.top: object = key if parent is None or parent.parent is None else parent.top
 
@@ -138,6 +139,7 @@ class PrefixCache:
         while node.depth < depth:
             child = Block(node, chain.key(node.depth), node.depth + 1, refs=1)
             node.children[child.key] = child
+            node.grown += 1
             per_top[child.top] = per_top.get(child.top, 0) + 1
             self.referenced += 1
             node = child
