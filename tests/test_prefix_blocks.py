@@ -12,7 +12,9 @@ import json
 from collections import OrderedDict
 
 import numpy as np
+import pandas as pd
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +26,7 @@ from sim.core.state import Seq
 from sim.kv.cache import BlockPool
 from sim.kv.config import KVConfig
 from sim.kv.prefix_cache import PrefixCache
+from sim.workload.mooncake import FIELDS
 from sim.workload.traces import TraceError, load_trace_arrays, write_native
 
 
@@ -356,3 +359,42 @@ def test_prefix_affinity_on_hash_ids_finds_the_replica_holding_the_document():
     rr, pa = hit[str({"name": "round_robin", "latency_s": 1e-12})], hit["prefix_affinity"]
     assert pa[0] > 1.5 * rr[0] and pa[0] > 0.6  # measured: 0.84 against 0.49
     assert pa[1] < 0.7 * rr[1]  # mean TTFT: 18 ms against 35 ms
+
+
+def test_a_mooncake_trace_runs_from_yaml_and_a_bad_line_exits_2(tmp_path, capsys):
+    rows = [{"timestamp": 100 * i, "input_length": 1000 + i, "output_length": 3,
+             "hash_ids": [7, i]} for i in range(6)]
+    write_jsonl(tmp_path / "t.jsonl", rows)
+    exp = {"name": "mc", "cost": {"kind": "constant", "step_s": 0.01},
+           "kv": {"num_blocks": 2000, "block_size": 16, "prefix_caching": True},
+           "workload": {"trace": "t.jsonl", "max_prompt_tokens": 500},
+           "policy": {"name": "continuous"}, "output": {"plots": False}}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    assert main(["run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    done = pd.read_csv(tmp_path / "o" / "summary.csv")
+    assert done["completed"].iloc[0] == 6 and 0 < done["prefix_hit_rate"].iloc[0] < 1
+    write_jsonl(tmp_path / "t.jsonl", rows, ['{"timestamp": 900, "input_length": 5}\n'])
+    assert main(["run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "t.jsonl: line 7: field output_length: missing" in err[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from([*FIELDS, "extra"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(-5, 2**70),
+                                 st.floats(allow_nan=True), st.text(max_size=3),
+                                 st.lists(st.integers(-3, 2**64), max_size=4)), max_size=5),
+       st.integers(0, 80))
+def test_any_mooncake_line_loads_or_is_one_trace_error(row, cut):
+    import tempfile
+    from pathlib import Path
+    line = json.dumps(row)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "f.jsonl"
+        path.write_text(line[:cut] + "\n" if cut < len(line) else line + "\n")
+        try:
+            tr = load_trace_arrays(path)
+        except TraceError as err:
+            assert str(err).startswith(f"{path}: ") and "\n" not in str(err)
+        else:
+            assert len(tr) == 1 and tr.num_prompt_tokens[0] >= 1
