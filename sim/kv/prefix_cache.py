@@ -80,8 +80,7 @@ class PrefixCache:
     def cached_blocks(self) -> dict[str, int]:
         """Blocks cached now per first block: ``prefix_id`` for shorthand chains, ``#<id>``
         for ``hash_ids`` chains (the ids of their first block)."""
-        return {(top if isinstance(top, str) else "#" + "-".join(map(str, top))): n  # type: ignore[call-overload]
-                for top, n in self._per_top.items() if n}
+        return {_label(top): n for top, n in self._per_top.items() if n}
 
     # -- reference counts ---------------------------------------------------------------------
     def hold(self, node: Block, chain: BlockChain) -> int:
@@ -236,3 +235,11 @@ class PrefixCache:
         if (evictable, referenced) != (self.evictable, self.referenced):
             raise AssertionError(f"prefix cache counts ({self.evictable}, {self.referenced}) "
                                  f"!= recount ({evictable}, {referenced})")
+
+
+def _label(top: object) -> str:
+    """A first block's name: its ``prefix_id``, or ``#`` and its ids joined by ``-``."""
+    if isinstance(top, str):
+        return top
+    assert isinstance(top, tuple)
+    return "#" + "-".join(map(str, top))
