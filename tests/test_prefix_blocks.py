@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from collections import OrderedDict
 
 import numpy as np
@@ -398,3 +401,33 @@ def test_any_mooncake_line_loads_or_is_one_trace_error(row, cut):
             assert str(err).startswith(f"{path}: ") and "\n" not in str(err)
         else:
             assert len(tr) == 1 and tr.num_prompt_tokens[0] >= 1
+
+
+def test_prefix_routed_runs_on_hash_ids_are_identical_across_hash_seeds(tmp_path):
+    """Python salts str hashes per process; nothing the trie or the routers decide may depend
+    on dict or set order: two processes with different seeds give the same tables."""
+    rows = [{"timestamp": 40 * i, "input_length": 700 + 37 * (i % 9), "output_length": 4 + i % 5,
+             "hash_ids": [i % 3, 10 + i % 4]} for i in range(60)]
+    write_jsonl(tmp_path / "t.jsonl", rows)
+    exp = {"name": "seeded", "cost": {"kind": "constant", "step_s": 0.01},
+           "parallelism": {"replicas": 3},
+           "kv": {"num_blocks": 300, "block_size": 16, "prefix_caching": True},
+           "workload": {"trace": "t.jsonl"}, "policy": {"name": "continuous"},
+           "sweep": {"router.name": ["prefix_affinity", "weighted"]},
+           "output": {"plots": False}}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp))
+    code = ("import sys; from sim.cli.main import main; "
+            "sys.exit(main(['run', sys.argv[1], '--out', sys.argv[2], '--quiet']))")
+    tables = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"o{seed}"
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "exp.yaml"), str(out)],
+                       check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        summary = pd.read_csv(out / "summary.csv").drop(
+            columns=["wall_s", "wall_time_s", "sim_wall_s"], errors="ignore")
+        runs = sorted(out.glob("runs/*/requests.parquet"))
+        tables.append((summary, [pd.read_parquet(p) for p in runs]))
+    pd.testing.assert_frame_equal(tables[0][0], tables[1][0])
+    for a, b in zip(tables[0][1], tables[1][1], strict=True):
+        pd.testing.assert_frame_equal(a, b)
+    assert tables[0][0]["prefix_hit_rate"].min() > 0
