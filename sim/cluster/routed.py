@@ -25,6 +25,7 @@ import simpy
 
 from routers import Router
 from sim.cluster.loads import LoadBoard
+from sim.core.blocks import block_hashes
 from sim.core.routing import Arrival, prefix_chain
 from sim.core.types import Request
 
@@ -55,6 +56,8 @@ class PrefixChains:
 
     def of(self, req: Request) -> tuple[int, ...]:
         """The chain of ``req``'s shared prefix (empty without a ``prefix_id``)."""
+        if req.hash_ids:  # per request: hashed once per 512 tokens (``sim.core.blocks``)
+            return block_hashes(req, self.block_tokens)
         if req.prefix_id is None or req.num_prefix_tokens < self.block_tokens:
             return ()
         need = req.num_prefix_tokens // self.block_tokens

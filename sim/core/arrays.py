@@ -18,8 +18,9 @@ from sim.core.types import Request
 class TraceArrays:
     """A trace in columnar form: one numpy array per field, rows sorted by ``arrival_s``.
 
-    ``priority``, ``tenant`` and ``prefix_id`` are ``None`` when the trace has no such column
-    (every request then takes the ``Request`` default).
+    ``priority``, ``tenant``, ``prefix_id`` and ``hash_ids`` are ``None`` when the trace has
+    no such column (every request then takes the ``Request`` default); ``hash_ids`` is an
+    object array of int tuples.
     """
 
     arrival_s: np.ndarray
@@ -30,6 +31,7 @@ class TraceArrays:
     prefix_id: np.ndarray | None = None
     source: str = "<memory>"
     num_prefix_tokens: np.ndarray | None = None
+    hash_ids: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
@@ -41,7 +43,7 @@ class TraceArrays:
         return TraceArrays(self.arrival_s[index], self.num_prompt_tokens[index],
                            self.num_output_tokens[index], pick(self.priority),
                            pick(self.tenant), pick(self.prefix_id), self.source,
-                           pick(self.num_prefix_tokens))
+                           pick(self.num_prefix_tokens), pick(self.hash_ids))
 
     def with_arrivals(self, arrival_s: np.ndarray) -> TraceArrays:
         """The same rows with new arrival times (used by time slicing and scaling)."""
@@ -56,12 +58,13 @@ class TraceArrays:
         pri = self.priority.tolist() if self.priority is not None else [0] * n
         ten = self.tenant.tolist() if self.tenant is not None else [None] * n
         pre = self.prefix_id.tolist() if self.prefix_id is not None else [None] * n
-        if self.num_prefix_tokens is None:
+        if self.num_prefix_tokens is None and self.hash_ids is None:
             return [Request(first_id + i, arr[i], prm[i], out[i], pri[i], ten[i], pre[i])
                     for i in range(n)]
-        npx = self.num_prefix_tokens.tolist()
-        return [Request(first_id + i, arr[i], prm[i], out[i], pri[i], ten[i], pre[i], npx[i])
-                for i in range(n)]
+        npx = self.num_prefix_tokens.tolist() if self.num_prefix_tokens is not None else [0] * n
+        hid = self.hash_ids.tolist() if self.hash_ids is not None else [()] * n
+        return [Request(first_id + i, arr[i], prm[i], out[i], pri[i], ten[i], pre[i], npx[i],
+                        hid[i]) for i in range(n)]
 
     @staticmethod
     def from_requests(requests: Iterable[Request]) -> TraceArrays:
@@ -71,6 +74,7 @@ class TraceArrays:
         ten = np.array([r.tenant for r in reqs], dtype=object)
         pre = np.array([r.prefix_id for r in reqs], dtype=object)
         npx = np.array([r.num_prefix_tokens for r in reqs], dtype=np.int64)
+        hid = tuple_column([r.hash_ids for r in reqs])
         return TraceArrays(
             np.array([r.arrival_s for r in reqs], dtype=np.float64),
             np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64),
@@ -79,4 +83,13 @@ class TraceArrays:
             ten if any(t is not None for t in ten) else None,
             pre if any(p is not None for p in pre) else None,
             num_prefix_tokens=npx if npx.any() else None,
+            hash_ids=hid if any(r.hash_ids for r in reqs) else None,
         )
+
+
+def tuple_column(values: list[tuple[int, ...]]) -> np.ndarray:
+    """A 1-D object array of tuples (``np.array`` would make equal-length tuples a 2-D array)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out

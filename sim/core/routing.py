@@ -8,17 +8,21 @@ be stale: ``ReplicaLoad.measured_s`` says when they were taken.
 
 Prefix identity is a chain of block hashes, as vLLM hashes KV blocks: hash ``j`` covers
 block ``j`` of the prompt and every block before it, so two requests share exactly their
-common leading hashes. ``prefix_chain`` derives such a chain from the ``prefix_id`` /
-``num_prefix_tokens`` shorthand, stably across processes (blake2b, not Python's salted
-``hash``).
+common leading hashes; ``sim.core.blocks`` derives the chain from a request's ``hash_ids``
+or its ``prefix_id`` / ``num_prefix_tokens`` shorthand (the rule the replica's prefix cache
+uses too).
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
-#: Tokens one prefix hash covers unless a trace says otherwise (Mooncake's traces use 512).
-DEFAULT_HASH_BLOCK_TOKENS = 512
+from sim.core.blocks import HASH_BLOCK_TOKENS, prefix_chain
+
+__all__ = ["DEFAULT_HASH_BLOCK_TOKENS", "Arrival", "ReplicaLoad", "prefix_chain"]
+
+#: Tokens one prefix hash covers unless the run says otherwise (routed runs: the replica's
+#: KV block size, see ``sim.core.blocks``).
+DEFAULT_HASH_BLOCK_TOKENS = HASH_BLOCK_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,20 +74,3 @@ class ReplicaLoad:
     def kv_usage(self) -> float:
         """Share of KV blocks in use (0 for an unlimited cache)."""
         return self.kv_used_blocks / self.kv_total_blocks if self.kv_total_blocks else 0.0
-
-
-def prefix_chain(prefix_id: str, num_prefix_tokens: int,
-                 block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS) -> tuple[int, ...]:
-    """Chained hashes of the full ``block_tokens``-token blocks of a named shared prefix.
-
-    Requests with the same ``prefix_id`` share ``min`` of their chain lengths leading hashes;
-    a partial last block is not hashed (vLLM caches full blocks only).
-    """
-    out: list[int] = []
-    previous = b""
-    for j in range(num_prefix_tokens // block_tokens):
-        digest = hashlib.blake2b(previous + f"{prefix_id}\x00{j}".encode(),
-                                 digest_size=8).digest()
-        out.append(int.from_bytes(digest, "big") >> 1)  # non-negative int64
-        previous = digest
-    return tuple(out)

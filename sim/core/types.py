@@ -30,6 +30,9 @@ class Request:
     #: Leading prompt tokens shared with every other request of the same ``prefix_id`` (a
     #: system prompt, a conversation's history): what prefix caching may reuse.
     num_prefix_tokens: int = 0
+    #: Prefix identity by blocks: one id per 512 prompt tokens, equal leading ids = shared
+    #: tokens (``sim.core.blocks``; instead of ``prefix_id``/``num_prefix_tokens``).
+    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

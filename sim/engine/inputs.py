@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from sim.core.arrays import TraceArrays
+from sim.core.blocks import check_hash_ids
 from sim.core.errors import InputError
 from sim.core.fields import INT, NUM, OPT, Key, check_value, is_int_type, is_real, is_real_type
 from sim.core.types import Request
@@ -138,6 +139,8 @@ def _columns_from_requests(requests: Sequence[Request]) -> dict[str, np.ndarray]
             seen[rid] = i
     else:
         _check_unique(id_col)
+    _check_hash_ids(list(map(attrgetter("hash_ids"), requests)),
+                    list(map(attrgetter("num_prefix_tokens"), requests)), cols, ids)
     return {"id": id_col, **cols}
 
 
@@ -178,6 +181,14 @@ def _columns_from_arrays(trace: TraceArrays) -> dict[str, np.ndarray]:
         col = col.astype(np.int64, copy=False)
         _check_tokens(col, name, col, None)
         cols[name] = col
+    if trace.hash_ids is not None:
+        hids = np.asarray(trace.hash_ids, dtype=object)
+        if hids.shape != (n,):
+            raise InputError(f"must have one tuple per request ({n}), got shape {hids.shape}",
+                             field="hash_ids")
+        prefix = trace.num_prefix_tokens
+        _check_hash_ids(hids.tolist(), [0] * n if prefix is None else prefix.tolist(), cols,
+                        None)
     return cols
 
 
@@ -205,6 +216,22 @@ def _check_tokens(col: np.ndarray, name: str, values: Any, ids: Any) -> None:
     if huge.any():  # as in a trace file: such a count is a data error, not a workload
         i = int(np.argmax(huge))
         raise _fail(i, ids, name, f"must be at most {MAX_TOKENS:,}", values[i])
+
+
+def _check_hash_ids(hash_ids: list[Any], num_prefix_tokens: list[Any],
+                    cols: dict[str, np.ndarray], ids: Any) -> None:
+    """Raise for the first request whose ``hash_ids`` are malformed, run past its prompt, or
+    come with a ``num_prefix_tokens`` shorthand too (one prefix identity per request)."""
+    prompt = cols["num_prompt_tokens"]
+    for i, h in enumerate(hash_ids):
+        if type(h) is tuple and not h:
+            continue
+        problem = check_hash_ids(h, int(prompt[i]))
+        if problem:
+            raise _fail(i, ids, "hash_ids", problem, h if len(repr(h)) < 60 else "...")
+        if num_prefix_tokens[i]:
+            raise _fail(i, ids, "hash_ids", "a request names its prefix by hash_ids or by "
+                        "num_prefix_tokens, not both", h if len(repr(h)) < 60 else "...")
 
 
 def _check_unique(ids: np.ndarray) -> None:

@@ -213,7 +213,7 @@ class Replica(ReplicaSteps):
         pool = self.pool
         if pool.cache is not None:  # show each waiting request the prefix blocks cached now
             for s in (*self.preempted.values(), *self.waiting.values()):
-                if (not s.num_computed and s.req.prefix_id is not None
+                if (not s.num_computed and (s.req.prefix_id is not None or s.req.hash_ids)
                         and s.offer_hit(pool.hit_blocks(s) * pool.config.block_size)):
                     self._queue_views = None
         # The queue's views change only when a request joins or leaves it (or is shown new

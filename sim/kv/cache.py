@@ -5,7 +5,8 @@ blocks when it applies a plan. Two layouts share the pool: ``paged`` (blocks on 
 PagedAttention) and ``slab`` (a sequence's first allocation reserves room for its maximum
 length at once, as Orca/FasterTransformer reserve per slot: ``max_model_len`` tokens, or the
 prompt plus ``max_output_tokens``). With prefix caching, full blocks of a shared prefix stay
-cached after use (``sim.kv.prefix_cache``) and running sequences hold them shared.
+cached after use (``sim.kv.prefix_cache``, a trie keyed by ``sim.core.blocks``' identities)
+and running sequences hold them shared.
 
 Two ledgers, both checked every step in tests:
 
@@ -20,17 +21,20 @@ Two ledgers, both checked every step in tests:
 """
 from __future__ import annotations
 
+from typing import Any
+
+from sim.core.blocks import BlockChain, block_chain
 from sim.core.rules import blocks_needed
 from sim.core.state import Seq
 from sim.core.types import KVView
 from sim.kv.config import KVConfig
-from sim.kv.prefix_cache import PrefixCache
+from sim.kv.prefix_cache import Block, PrefixCache
 
 
 class BlockPool:
     """Block counts of one replica; per-sequence holdings live on the engine's sequences."""
 
-    __slots__ = ("config", "free", "used", "charged", "peak_used", "cache")
+    __slots__ = ("config", "free", "used", "charged", "peak_used", "cache", "_found", "_held")
 
     def __init__(self, config: KVConfig) -> None:
         self.config = config
@@ -39,6 +43,10 @@ class BlockPool:
         self.charged = 0
         self.peak_used = 0
         self.cache = PrefixCache() if config.prefix_caching else None
+        # Per request id: its chain and the deepest cached block a look found (waiting) or it
+        # holds (running); kept here so the engine's sequences carry no cache internals.
+        self._found: dict[int, list[Any]] = {}  # [chain, block, hit limit, block.grown]
+        self._held: dict[int, tuple[BlockChain, Block]] = {}
 
     @property
     def cached(self) -> int:
@@ -82,9 +90,12 @@ class BlockPool:
         private = seq.num_blocks - seq.num_shared
         self.free += private
         self.used -= private
-        if seq.num_shared:  # shared blocks come from the prefix cache, under the prefix id
-            assert self.cache is not None and seq.req.prefix_id is not None
-            self.used -= self.cache.release(seq.req.prefix_id, seq.num_shared)
+        if self.cache is not None:
+            rid = seq.req.id
+            self._found.pop(rid, None)
+            held = self._held.pop(rid, None)
+            if held is not None:  # shared blocks come from the prefix cache
+                self.used -= self.cache.unhold(held[1], held[0])
         self.charged -= seq.num_blocks
         seq.num_blocks = seq.num_shared = 0
 
@@ -93,38 +104,69 @@ class BlockPool:
 
         Capped by the request's shared prefix and by its prompt less one token: the last
         prompt token is always computed, since computing it yields the first output token.
+        Where the last look ended is kept, so a queue looked at every step costs only the
+        blocks cached since.
         """
-        req = seq.req
-        if self.cache is None or req.prefix_id is None or not req.num_prefix_tokens:
+        cache = self.cache
+        if cache is None:
             return 0
-        bs = self.config.block_size
-        return min(self.cache.length(req.prefix_id), req.num_prefix_tokens // bs,
-                   (req.num_prompt_tokens - 1) // bs)
+        req = seq.req
+        found = self._found.get(req.id)
+        if found is None:
+            chain = block_chain(req, self.config.block_size)
+            if chain is None:
+                return 0
+            limit = min(chain.hit_limit, (req.num_prompt_tokens - 1) // self.config.block_size)
+            found = self._found[req.id] = [chain, cache.root, limit, -1]
+        node = found[1]
+        # the usual case, a look that finds nothing new: the block is live and at the end of
+        # the request's reach, or no block was cached below it since the last look
+        if node.alive and (node.depth >= found[2] or node.grown == found[3]):
+            return node.depth
+        node = found[1] = cache.descend(node, found[0], found[2])
+        found[3] = node.grown
+        return node.depth
 
     def pin(self, seq: Seq, num_blocks: int) -> None:
         """Make ``seq`` (holding nothing yet) hold the first ``num_blocks`` cached blocks."""
-        assert self.cache is not None and seq.req.prefix_id is not None  # as ``hit_blocks`` found
-        self.used += self.cache.acquire(seq.req.prefix_id, num_blocks)
+        assert self.cache is not None  # as ``hit_blocks`` found, nothing evicted since
+        chain, node, _, _ = self._found.pop(seq.req.id)
+        node = self.cache.descend(node, chain, num_blocks)
+        if node.depth != num_blocks:
+            raise AssertionError(f"request {seq.req.id}: hit of {num_blocks} blocks, "
+                                 f"{node.depth} cached")
+        self.used += self.cache.hold(node, chain)
+        self._held[seq.req.id] = (chain, node)
         seq.num_blocks = seq.num_shared = num_blocks
         self.charged += num_blocks
         if self.used > self.peak_used:
             self.peak_used = self.used
 
     def register(self, seq: Seq, num_tokens: int) -> None:
-        """Add ``seq``'s full blocks within its first ``num_tokens`` to its prefix chain, when it
-        holds all of the chain.
+        """Add ``seq``'s full blocks within its first ``num_tokens`` to the prefix cache, when
+        the next block of its chain is not cached yet.
 
-        A sequence that holds less than the whole cached chain (another request extended it
-        meanwhile, or its shared prefix ends earlier) keeps its blocks private: content past
-        its shared prefix may differ from the chain's. The engine registers prompt blocks as
-        they are computed and a finished request's output blocks when it leaves.
+        A sequence whose next block another request cached first (it extended the chain
+        meanwhile, or a shorthand chain runs past this request's shared prefix) keeps its
+        blocks private: content past its shared prefix may differ from the cached one. The
+        engine registers prompt blocks as they are computed and a finished request's output
+        blocks when it leaves (only shorthand chains reach past the prompt).
         """
-        pid = seq.req.prefix_id
-        if self.cache is None or pid is None:
+        cache = self.cache
+        if cache is None:
             return
-        full = min(num_tokens, seq.num_computed) // self.config.block_size
-        if full > seq.num_shared and seq.num_shared == self.cache.length(pid):
-            self.cache.extend(pid, full)
+        rid = seq.req.id
+        held = self._held.get(rid)
+        if held is None:
+            chain = block_chain(seq.req, self.config.block_size)
+            if chain is None:
+                return
+            node = cache.root
+        else:
+            chain, node = held
+        full = chain.extends_to(min(num_tokens, seq.num_computed) // self.config.block_size)
+        if full > seq.num_shared and cache.can_extend(node, chain):
+            self._held[rid] = (chain, cache.grow(node, chain, full))
             seq.num_shared = full
 
     # -- views and checks ---------------------------------------------------------------------
@@ -158,10 +200,17 @@ class BlockPool:
                                  f"({private} private), pool says charged {self.charged}, "
                                  f"used {self.used} ({referenced} shared)")
         if self.cache is not None:
-            holders: dict[str, list[int]] = {}
+            held = []
             for s in running:
-                if s.req.prefix_id is not None:
-                    holders.setdefault(s.req.prefix_id, []).append(s.num_shared)
-            self.cache.check(holders)
+                entry = self._held.get(s.req.id)
+                depth = entry[1].depth if entry is not None else 0
+                if depth != s.num_shared:
+                    raise AssertionError(f"request {s.req.id}: holds {s.num_shared} shared "
+                                         f"blocks, the cache says {depth}")
+                if entry is not None:
+                    held.append(entry[1])
+            if len(held) != len(self._held):
+                raise AssertionError("prefix blocks held by requests that are not running")
+            self.cache.check_held(held)
         elif any(s.num_shared for s in running):
             raise AssertionError("shared blocks without a prefix cache")

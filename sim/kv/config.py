@@ -60,7 +60,7 @@ KV_FIELDS: dict[str, Key] = {
     "max_preemptions": Key(INT + (OPT,), 64, "Reject a request preempted more often than this "
                            "(livelock guard; null: unbounded).", "", 0),
     "prefix_caching": Key((bool,), False, "Reuse cached KV blocks of shared prompt prefixes "
-                          "(requests' prefix_id / num_prefix_tokens), evicted LRU."),
+                          "(requests' hash_ids or prefix_id / num_prefix_tokens), evicted LRU."),
 }
 
 

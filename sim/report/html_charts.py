@@ -20,6 +20,7 @@ from sim.report.context import ReportContext, error_bars, point_errors, wide_ran
 from sim.report.figures import COLORS, color, marker
 from sim.report.plots import Chart
 from sim.report.plots_sweep import LATENCY, UTILIZATION
+from sim.report.replica_load import replica_load_figure
 from sim.report.samples import CDF_METRICS, bucket_steps, ecdf, kv_use, latency_samples
 
 
@@ -231,11 +232,12 @@ def build(ctx: ReportContext, chart: Chart) -> go.Figure | None:
         fig = timeline(ctx, chart)
     else:
         fig = {"latency": latency, "frontier": frontier, "cdf": cdf,
-               "utilization": utilization, "goodput": goodput}[chart.kind](ctx)
+               "utilization": utilization, "goodput": goodput,
+               "replica_load": replica_load_figure}[chart.kind](ctx)
     if fig is not None:
         tall = chart.kind == "timeline"
-        fig.update_layout(height=640 if tall else 380, margin={"l": 60, "r": 20, "t": 40,
-                                                                  "b": 50},
+        fig.update_layout(height=640 if tall else fig.layout.height or 380,
+                          margin={"l": 60, "r": 20, "t": 40, "b": 50},
                           template="plotly_white", legend={"orientation": "h", "y": -0.25},
                           barmode="group", hovermode="closest")
     return fig

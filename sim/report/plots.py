@@ -3,7 +3,8 @@
 ``plan`` picks the figures from the sweep's shape (``ReportContext.shape``): a load or other
 x sweep gets latency against x and the throughput-latency frontier; a seed sweep or single
 runs get bars at one point (seed means with 95% intervals) and no frontier. Latency CDFs,
-utilization, goodput (only with SLOs) and one timeline per series at the common point follow.
+utilization, goodput (only with SLOs), the per-replica load (only with several replicas:
+``sim.report.replica_load``) and one timeline per series at the common point follow.
 Each ``Chart`` carries the sentence that explains it; ``report.md`` and ``report.html`` show
 the same figures with the same captions.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.experiments.results import read_table
-from sim.report import plots_runs, plots_sweep
+from sim.report import plots_runs, plots_sweep, replica_load
 from sim.report.context import ReportContext
 
 #: At most this many per-run timelines (one per series at the common point).
@@ -76,6 +77,8 @@ def plan(ctx: ReportContext) -> list[Chart]:
             "goodput_vs_load" if ctx.has_x else "goodput", "goodput",
             "Requests per second meeting every SLO (goodput, solid) against all requests "
             "served (dotted), and the share of requests meeting them (dashed: 90%)."))
+    if replica_load.applies(ctx):
+        charts.append(Chart("replica_load", "replica_load", replica_load.CAPTION))
     for _, row in ctx.run_rows().head(MAX_TIMELINES).iterrows():
         name = str(row["series"])
         charts.append(Chart(
@@ -98,7 +101,8 @@ def draw_chart(ctx: ReportContext, chart: Chart, folder: Path) -> Path | None:
                                         ctx.num_blocks(str(chart.run_id)))
     draw = {"latency": plots_sweep.plot_latency, "frontier": plots_sweep.plot_frontier,
             "cdf": plots_runs.plot_latency_cdf, "utilization": plots_sweep.plot_utilization,
-            "goodput": plots_sweep.plot_goodput}[chart.kind]
+            "goodput": plots_sweep.plot_goodput,
+            "replica_load": replica_load.plot_replica_load}[chart.kind]
     return draw(ctx, path)
 
 

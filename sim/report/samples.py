@@ -24,8 +24,9 @@ TIMELINE_BUCKETS = 300
 
 def latency_samples(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """Per metric of ``CDF_METRICS``: (values in ms, weights) over the run's finished requests
-    (ITL: every inter-token gap, step durations weighted by the tokens they emitted); ``None``
-    when the run's tables cannot be read."""
+    (ITL: every inter-token gap, step durations weighted by the tokens they emitted; from a
+    bucketed step table, each bucket's mean step duration); ``None`` when the run's tables
+    cannot be read."""
     try:
         req = read_table(run_dir / "requests")
         steps = read_table(run_dir / "steps")
@@ -33,6 +34,10 @@ def latency_samples(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]] |
     except (OSError, ValueError):
         return None
     done = req[req["status"] == "finished"]
+    if is_bucketed(steps):  # per-step durations are gone: each bucket's mean step stands in
+        steps = pd.DataFrame({
+            "duration_s": steps["duration_s_sum"] / np.maximum(steps["num_steps"], 1),
+            "num_regular_itl": steps["num_regular_itl_sum"]})
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for key, _, col in CDF_METRICS:
         if col is None:

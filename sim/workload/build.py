@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.core.arrays import TraceArrays
+from sim.core.arrays import TraceArrays, tuple_column
+from sim.core.blocks import HASH_BLOCK_TOKENS
 from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.workload import synthetic
@@ -185,10 +186,14 @@ def _trace(s: _Spec) -> TraceArrays:
                                 f"arrivals reach {tr.arrival_s[-1]:.3g} s, beyond "
                                 f"{MAX_ARRIVAL_S:.0e} s")
     prompt = _cap(tr.num_prompt_tokens, s.tokens("max_prompt_tokens"))
-    prefix = tr.num_prefix_tokens
+    prefix, hids = tr.num_prefix_tokens, tr.hash_ids
+    if hids is not None and prompt is not tr.num_prompt_tokens:  # capped: ids past it go too
+        most = (-(-prompt // HASH_BLOCK_TOKENS)).tolist()
+        hids = tuple_column([h[:k] for h, k in zip(hids.tolist(), most, strict=True)])
     return replace(tr, num_prompt_tokens=prompt,
                    num_output_tokens=_cap(tr.num_output_tokens, s.tokens("max_output_tokens")),
-                   num_prefix_tokens=None if prefix is None else np.minimum(prefix, prompt))
+                   num_prefix_tokens=None if prefix is None else np.minimum(prefix, prompt),
+                   hash_ids=hids)
 
 
 def _cap(v: np.ndarray, hi: int | None) -> np.ndarray:
@@ -348,7 +353,11 @@ def _concat(parts: list[TraceArrays]) -> TraceArrays:
                          np.concatenate([p.num_output_tokens for p in parts]),
                          col("priority", 0, np.int64), col("tenant", None, object),
                          col("prefix_id", None, object), "mix",
-                         col("num_prefix_tokens", 0, np.int64))
+                         col("num_prefix_tokens", 0, np.int64),
+                         None if all(p.hash_ids is None for p in parts) else tuple_column(
+                             [h for p in parts for h in (p.hash_ids.tolist()
+                                                         if p.hash_ids is not None
+                                                         else [()] * len(p))]))
     return merged.take(np.argsort(merged.arrival_s, kind="stable"))
 
 

@@ -1,4 +1,5 @@
-"""Request-trace loaders: Azure 2023 CSV, Vidur/Splitwise CSV and batchsim's native CSV.
+"""Request-trace loaders: Azure 2023 CSV, Vidur/Splitwise CSV, batchsim's native CSV and
+Mooncake JSONL (``sim.workload.mooncake``, recognised by a first line that is a JSON object).
 
 A trace is read into a columnar ``TraceArrays`` (numpy arrays, vectorised checks) so a
 million-row file loads in about a second; ``to_requests()`` turns it into the ``Request`` list
@@ -39,9 +40,11 @@ import numpy as np
 import pandas as pd
 
 from sim.core.arrays import TraceArrays
+from sim.core.blocks import HASH_BLOCK_TOKENS, MAX_HASH_ID
 from sim.core.errors import InputError
 from sim.core.paths import checkout_root, is_gzip  # is_gzip: also this module's API
 from sim.core.types import Request
+from sim.workload.mooncake import is_mooncake, load_mooncake
 
 #: Built-in trace names -> file names in ``traces/`` (shipped as package ``sim._traces``).
 BUILTIN_TRACES: dict[str, str] = {
@@ -58,7 +61,7 @@ MAX_ARRIVAL_S = 1e9
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 VIDUR_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 NATIVE_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
-NATIVE_OPTIONAL = ("priority", "tenant", "prefix_id", "num_prefix_tokens")
+NATIVE_OPTIONAL = ("priority", "tenant", "prefix_id", "num_prefix_tokens", "hash_ids")
 
 #: Data rows parsed at a time: 2^17 rows, about 3.5 MB of native CSV. Per-chunk overhead is
 #: lost in the noise at this size, and the parser's working set stays a few tens of MB for any
@@ -70,7 +73,7 @@ CHUNK_ROWS = 1 << 17
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
 # Columns read as text, never inferred: a tenant called "1" stays the string "1".
-_TEXT_COLUMNS = ("TIMESTAMP", "tenant", "prefix_id")
+_TEXT_COLUMNS = ("TIMESTAMP", "tenant", "prefix_id", "hash_ids")
 # Check stages after the per-column ones, in the order a whole-file read runs them.
 _PREFIX_STAGE = 1_000
 _ORDER_STAGE = 1_001
@@ -130,6 +133,8 @@ def load_trace_arrays(name_or_path: str | Path, base_dir: Path | None = None,
     """
     path = resolve_trace(name_or_path, base_dir)
     header = _read_header(path)
+    if is_mooncake(header):
+        return _load_jsonl(path, sort)
     # Header cells as the csv module reads them (quotes removed), then trimmed of spaces.
     try:
         cols = [c.strip() for c in next(csv.reader([header]))]
@@ -165,6 +170,21 @@ def load_trace_arrays(name_or_path: str | Path, base_dir: Path | None = None,
     return scan.finish()
 
 
+def _load_jsonl(path: Path, sort: bool) -> TraceArrays:
+    """A Mooncake JSONL trace (``sim.workload.mooncake``), with this module's bounds and
+    decoding errors."""
+    try:
+        with io.TextIOWrapper(_open_bytes(path), encoding="utf-8-sig", newline=None) as fh:
+            return load_mooncake(path, fh, TraceError, MAX_TOKENS, MAX_ARRIVAL_S, sort)
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: line {_bad_utf8_row(path) + 1}: not valid UTF-8 "
+                         "text") from None
+    except _GZIP_ERRORS as exc:
+        raise _corrupt_gzip(path, exc) from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+
+
 def write_native(path: str | Path, requests: Iterable[Request]) -> None:
     """Write requests as a native CSV; optional columns appear only when some row sets them."""
     trace = TraceArrays.from_requests(requests)
@@ -181,6 +201,8 @@ def write_native(path: str | Path, requests: Iterable[Request]) -> None:
         data["prefix_id"] = trace.prefix_id
     if trace.num_prefix_tokens is not None:
         data["num_prefix_tokens"] = trace.num_prefix_tokens
+    if trace.hash_ids is not None:
+        data["hash_ids"] = [" ".join(map(str, h)) for h in trace.hash_ids]
     # repr-precision floats so a written trace reloads bit-identically.
     pd.DataFrame(data).to_csv(path, index=False, float_format="%.17g", lineterminator="\n")
 
@@ -369,7 +391,8 @@ def _layout(fmt: str, cols: list[str]) -> tuple[_Field, ...]:
     optional = (_Field("priority", "priority", _parse_priority),
                 _Field("tenant", "tenant", _parse_labels),
                 _Field("prefix_id", "prefix_id", _parse_labels),
-                _Field("num_prefix_tokens", "num_prefix_tokens", _parse_prefix))
+                _Field("num_prefix_tokens", "num_prefix_tokens", _parse_prefix),
+                _Field("hash_ids", "hash_ids", _parse_hash_ids))
     return (_Field("arrival_s", "arrival_s", _parse_arrivals),
             _Field("num_prompt_tokens", "num_prompt_tokens", _parse_tokens),
             _Field("num_output_tokens", "num_output_tokens", _parse_tokens),
@@ -530,6 +553,8 @@ class _Scan:
             if over.size:
                 raise at.fail(int(over[0]), "num_prefix_tokens", "longer than the row's prompt",
                               stage=_PREFIX_STAGE)
+        if "hash_ids" in values:
+            self._check_hash_ids(at, values)
         if self.fmt == "azure":
             stamps = values["arrival_s"]
             aware = has_utc_offset(frame["TIMESTAMP"].iloc[0])
@@ -552,6 +577,23 @@ class _Scan:
         if "arrival_s" in values:
             self._check_order(at, values["arrival_s"])
         return values
+
+    @staticmethod
+    def _check_hash_ids(at: _Rows, values: dict[str, np.ndarray]) -> None:
+        """At most one id per started 512 prompt tokens, and not with a prefix shorthand."""
+        prompt = values["num_prompt_tokens"]
+        count = np.fromiter(map(len, values["hash_ids"]), np.int64, len(prompt))
+        over = np.flatnonzero(count > -(-prompt // HASH_BLOCK_TOKENS))
+        if over.size:
+            i = int(over[0])
+            raise at.fail(i, "hash_ids", f"{count[i]} ids for a {prompt[i]}-token prompt: at "
+                          f"most one per {HASH_BLOCK_TOKENS} tokens", stage=_PREFIX_STAGE)
+        prefix = values.get("num_prefix_tokens")
+        if prefix is not None:
+            both = np.flatnonzero((count > 0) & (prefix > 0))
+            if both.size:
+                raise at.fail(int(both[0]), "hash_ids", "a row names its prefix by hash_ids "
+                              "or by num_prefix_tokens, not both", stage=_PREFIX_STAGE)
 
     def _check_order(self, at: _Rows, arrival: np.ndarray) -> None:
         """Arrivals must not go back in time, across chunk boundaries too."""
@@ -746,3 +788,22 @@ def _parse_labels(at: _Rows, col: pd.Series, name: str) -> np.ndarray:
     text = col.astype(object)
     empty = text.isna() | (text.astype(str).str.strip() == "")
     return text.where(~empty, None).to_numpy(dtype=object)
+
+
+def _parse_hash_ids(at: _Rows, col: pd.Series, name: str) -> np.ndarray:
+    """Optional native ``hash_ids``: whole numbers in ``[0, 2**63 - 1]`` separated by spaces,
+    one per 512 prompt tokens (``sim.core.blocks``); an empty cell means none."""
+    out = np.empty(len(col), dtype=object)
+    for i, cell in enumerate(col.tolist()):
+        words = str(cell).split() if cell is not None and cell == cell else []
+        bad = next((w for w in words if not (w.isascii() and w.isdigit())), None)
+        if bad is not None:
+            raise at.fail(i, name, f"not a whole number: {bad[:40]!r} (ids are whole numbers "
+                          "separated by spaces)")
+        ids = tuple(map(int, words))
+        if any(v > MAX_HASH_ID for v in ids):
+            raise at.fail(i, name, f"ids must be at most 2**63 - 1, got "
+                          f"{next(v for v in ids if v > MAX_HASH_ID)}", 1)
+        out[i] = ids
+    return out
+
