@@ -428,3 +428,16 @@ def test_corrupt_gzip_is_a_one_line_error_naming_the_file(tmp_path, damage):
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith(f"{p}: cannot decompress: corrupt or truncated gzip")
     assert info.value.__cause__ is None
+
+
+@pytest.mark.parametrize("stamp", ["-1", "7", "1.5", "2023"])
+@pytest.mark.parametrize("rows", [1, WHOLE])
+def test_a_number_in_a_timestamp_column_is_not_a_timestamp_whatever_the_chunk(tmp_path, stamp,
+                                                                                 rows):
+    # pandas alone reads a lone "-1" as the year -1 and a mixed column as NaT, so a chunked read
+    # once gave another message than a whole-file read
+    p = tmp_path / "azure.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 f"2023-11-16 18:15:46.6800000,5,5\n{stamp},5,5\n")
+    kind, message = _outcome(p, rows)
+    assert kind == "error" and "row 2: column TIMESTAMP: not a timestamp" in message

@@ -733,18 +733,28 @@ def _parse_timestamps(at: _Rows, col: pd.Series, name: str) -> np.ndarray:
             raise at.fail(i, name, _mixed_zones(col.iloc[i], bool(aware[i]),
                                                 at.offset + 1)) from None
         ts = pd.to_datetime(col, format="ISO8601", errors="coerce", utc=True)
-    bad = ts.isna().to_numpy()
+    # pandas parses some non-stamps as dates ("-1" alone is the year -1) and which ones
+    # depends on the rest of the chunk, so the form is checked row by row first: a chunked
+    # read then refuses exactly the rows a whole-file read refuses.
+    text = col.astype("string")
+    missing = (text.isna() | (text.str.strip() == "")).to_numpy(dtype=bool)
+    stamp_like = text.str.fullmatch(_STAMP).fillna(False).to_numpy(dtype=bool)
+    bad = missing | ~stamp_like | ts.isna().to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raw = col.iloc[i]
-        what = ("missing value" if not isinstance(raw, str) or not raw.strip()
-                else f"not a timestamp like 2023-11-16 18:15:46.6800000: {raw[:40]!r}")
+        raw = str(text.iloc[i])[:40]
+        what = ("missing value" if missing[i]
+                else f"not a timestamp like 2023-11-16 18:15:46.6800000: {raw!r}")
         raise at.fail(i, name, what)
     if ts.dt.tz is not None:
         ts = ts.dt.tz_convert(None)  # UTC wall-clock
     return ts.to_numpy().astype("datetime64[ns]").astype(np.int64)
 
 
+#: An ISO 8601 date and time as the Azure traces write them (date, optional time with
+#: optional fraction, optional UTC offset), surrounding blanks allowed.
+_STAMP = (r"\s*\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?)?"
+          r"\s*(?:Z|[+-]\d{2}(?::?\d{2})?)?\s*")
 #: The end of an ISO 8601 time with a UTC offset (``Z``, ``+05:00``, ``-0800``).
 _OFFSET = r"\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\s*(?:Z|[+-]\d{2}(?::?\d{2})?)\s*$"
 
