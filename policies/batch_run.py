@@ -18,11 +18,14 @@ evict it straight away). Decoding members wait while rejoiners recompute.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from operator import attrgetter
 
 from policies.ordering import order_queue
 from policies.packing import budget_for, fitting_prefix, grow_running
 from policies.registry import Policy
 from sim.core.types import PaddingRow, Plan, SeqView, View
+
+_CONTEXT = attrgetter("context_len")
 
 
 def pick_batch(queue: Sequence[SeqView], now_s: float, size: int, wait_s: float | None,
@@ -123,5 +126,9 @@ class RunToCompletion:
             if sid not in present:
                 ctx[sid] += 1
                 padding.append(PaddingRow(1, ctx[sid]))
+        padding.sort(key=_CONTEXT)  # the order ``Plan.on_finish="pad"`` keeps them in
         steady = not preempt and not rejoin and all(n == 1 for n in budget.run.values())
-        return Plan(run=budget.run, preempt=preempt, padding=tuple(padding), steady=steady)
+        # Nobody joins a batch in flight: arrivals leave this plan as it is, and a finished
+        # member's row turns into padding.
+        return Plan(run=budget.run, preempt=preempt, padding=tuple(padding), steady=steady,
+                    on_finish="pad", ignores_arrivals=True)

@@ -94,7 +94,9 @@ def _whole_prompts(spec: SchedulingSpec, view: View) -> Plan:
     # A pure decode plan repeats until an arrival, a finish or a KV shortfall: admission
     # failed for lack of slots, budget or blocks, none of which grows while decoding.
     steady = not preempt and not admitted and not reject
-    return Plan(run=budget.run, preempt=preempt, reject=reject, steady=steady)
+    # With nothing waiting, a finish only frees room: the others decode on alike.
+    return Plan(run=budget.run, preempt=preempt, reject=reject, steady=steady,
+                on_finish="drop" if steady and not view.waiting else "stop")
 
 
 def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
@@ -147,7 +149,10 @@ def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
     # Decodes alone repeat until an arrival, a finish or a KV shortfall: whatever was left
     # out (budget, slots or blocks) cannot become schedulable while they decode.
     steady = bool(budget.run) and not preempt and not reject and len(budget.run) == num_decodes
-    return Plan(run=budget.run, preempt=tuple(preempt), reject=reject, steady=steady)
+    # With nothing waiting and every running request decoding, a finish only frees room.
+    drop = steady and not view.waiting and len(budget.run) == len(view.running)
+    return Plan(run=budget.run, preempt=tuple(preempt), reject=reject, steady=steady,
+                on_finish="drop" if drop else "stop")
 
 
 def _cap(seq: SeqView, budget: Budget, chunk_size: int | None) -> int:

@@ -31,8 +31,9 @@ import simpy
 from sim.core.rules import blocks_for, target_tokens
 from sim.core.state import Seq
 from sim.core.types import Plan, Request, View
+from sim.engine.batch_skip import commit_batch_run, covers, plan_batch_run
 from sim.engine.drive import ReplicaState, admit, advance_until, replica_state
-from sim.engine.skipping import MAX_SKIP_STEPS, commit_skip, plan_skip
+from sim.engine.skipping import MAX_SKIP_STEPS, commit_skip, continue_skip, plan_skip
 from sim.engine.steps import Flight, ReplicaSteps
 from sim.engine.validate import EngineError, validate_plan
 from sim.kv.config import KVConfig
@@ -73,7 +74,7 @@ class Replica(ReplicaSteps):
             flight = self.flight
             if flight is not None:
                 yield from self._wait_until(env, flight.end_s)
-                self.land(self._next_arrival())
+                self.land()
                 continue
             wake = self.begin()
             if self.flight is not None:
@@ -159,22 +160,42 @@ class Replica(ReplicaSteps):
                               swap_bytes))
         return self.flight.end_s
 
-    def land(self, limit: float) -> None:
+    def land(self, limit: float | None = None) -> None:
         """The flight has ended (``self.clock`` is its end): commit it. A steady step may
         launch a skipped stretch (a new flight) that ends at the first step ending at or after
-        ``limit`` (the next arrival, or the time the replica is advanced to)."""
+        ``limit`` (the time a driven replica is advanced to; ``None``: the next arrival of the
+        replica's own list, unless the plan ignores arrivals). A stretch that ended short of
+        its limit goes on where the plan's promise covers it (``continue_skip``)."""
         flight = self.flight
         assert flight is not None
         self.flight = None
         plan, end = flight.plan, self.clock
         if flight.step is None:
-            commit_skip(self, plan, *flight.skip)
+            (commit_batch_run if flight.batch else commit_skip)(self, plan, *flight.skip)
+            assert flight.shape is not None
+            go_on = (None if self.pending or end >= flight.limit else
+                     continue_skip(self, plan, flight.shape, len(flight.skip[1])))
+            if go_on is None:
+                return
+            plan, shape = go_on
+        elif plan.steady and self.skip and not self.pending:  # admitted requests: plan now
+            self._commit(plan, flight.start_s, end, *flight.step)
+            go_on = continue_skip(self, plan, flight.step[1], 0)  # finishers' rows, if any
+            if go_on is None:
+                return
+            plan, shape = go_on
+        else:
+            self._commit(plan, flight.start_s, end, *flight.step)
             return
-        self._commit(plan, flight.start_s, end, *flight.step)
-        if plan.steady and self.skip and not self.pending:  # admitted requests: plan now
-            skip = plan_skip(self, plan, flight.step[1], end, limit)  # (series, ends, ...)
-            if skip is not None:
-                self.flight = Flight(plan, end, float(skip[1][-1]), None, skip)
+        if limit is None:
+            limit = math.inf if plan.ignores_arrivals else self._next_arrival()
+        if self.horizon_s is not None:
+            limit = min(limit, self.horizon_s)
+        batch = covers(self, plan)
+        skip = (plan_batch_run if batch else plan_skip)(
+            self, plan, shape, end, limit)  # (series, ends, ...)
+        if skip is not None:
+            self.flight = Flight(plan, end, float(skip[1][-1]), None, skip, shape, limit, batch)
 
     def _more_arrivals(self) -> bool:
         """Can more requests still reach this replica (policies see it as ``more_arrivals``)?"""

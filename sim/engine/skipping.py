@@ -7,6 +7,12 @@ stepping would have: token times, KV held (growth, evictions of cached prefix bl
 tokens. Decode blocks join a prefix chain only when their request finishes (``Replica.settle``),
 never mid-stretch, so skipping cannot reorder who extends a chain. Tested to be bit-identical
 to stepping for every policy, allocator and preemption mode.
+
+A plan's ``on_finish`` and ``ignores_arrivals`` (``sim.core.types.Plan``) let a stretch go on
+past a finish (``continue_skip`` makes the plan the policy would make: the same rows less the
+finished ones, or with them as padding rows) and past arrivals: those join the queue at the
+scheduling point stepping would have taken them at (the first step start at or after their
+arrival), and every step logs the queue it saw.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.core.rules import blocks_for, blocks_needed
-from sim.core.types import BatchShape, Plan
+from sim.core.types import BatchShape, PaddingRow, Plan
 from sim.cost.base import step_series
 
 if TYPE_CHECKING:
@@ -24,6 +30,17 @@ if TYPE_CHECKING:
 
 #: Most decode steps one skip covers: bounds the arrays built per skip.
 MAX_SKIP_STEPS = 2048
+
+
+def multiset_costed(cost: object) -> bool:
+    """Whether ``cost`` is known to cost a pure-decode batch by its multiset of context
+    lengths alone (neither the order of rows nor which of them are padding enters): the
+    built-in models (tests/test_skip_batches.py checks it). A run-to-completion batch's steps
+    are then one series over all its rows (``sim.engine.batch_skip``)."""
+    from sim.cost.base import ConstantCost, LinearCost
+    from sim.cost.roofline import RooflineCost
+
+    return type(cost) in (ConstantCost, LinearCost, RooflineCost)
 
 
 def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arrival: float
@@ -125,8 +142,64 @@ def commit_skip(rep: Replica, plan: Plan, series: Any, ends: np.ndarray, compute
     for seq in batch:
         settle(seq, end)
     pad = len(plan.padding)
-    rep.log.extend(rep.index, starts, seconds, n, n, pad, pad,
-                   len(rep.waiting) + len(rep.preempted), used, series, n,
-                   kv_live_tokens=live, kv_cached_blocks=cached)
+    rep.log.extend(rep.index, starts, seconds, n, n, pad, pad, take_arrivals(rep, starts),
+                   used, series, n, kv_live_tokens=live, kv_cached_blocks=cached)
     if rep.checks:
         rep.check_invariants()
+
+
+def take_arrivals(rep: Replica, starts: np.ndarray) -> int | np.ndarray:
+    """Let the replica's own requests that arrived by the stretch's last scheduling point join
+    the queue, each at the first step start at or after its arrival (the scheduling point that
+    stepping takes it at); return the queue length each step saw. Without
+    ``Plan.ignores_arrivals`` the stretch ended before the next arrival: nothing joins."""
+    waiting = len(rep.waiting) + len(rep.preempted)
+    reqs, i, last = rep.requests, rep.next_index, float(starts[-1])
+    if i >= len(reqs) or reqs[i].arrival_s > last:
+        return waiting
+    j = i
+    while j < len(reqs) and reqs[j].arrival_s <= last:
+        j += 1
+    arrivals = np.fromiter((r.arrival_s for r in reqs[i:j]), np.float64, j - i)
+    at = np.searchsorted(starts, arrivals, side="left")  # first start >= arrival
+    joined = np.zeros(len(starts), dtype=np.int64)
+    for r, step in zip(reqs[i:j], at.tolist(), strict=True):
+        size = len(rep.waiting)
+        rep._enter(rep.seqs[r.id], float(starts[step]))  # rejected there if it never fits
+        joined[step] += len(rep.waiting) - size
+    rep.next_index = j
+    return waiting + np.cumsum(joined)
+
+
+def continue_skip(rep: Replica, plan: Plan, shape: BatchShape, k: int
+                  ) -> tuple[Plan, BatchShape] | None:
+    """The plan the policy would make after ``k`` skipped steps of ``plan`` (``shape``: the step
+    before them), when its promise covers it, and the shape of the stretch's last step in that
+    plan's row order; ``None``: ask the policy. Rows of requests that left (finished, or
+    rejected as their context outgrew the cache) go by ``plan.on_finish``."""
+    ctx = shape.context_lens + k
+    n = len(plan.run)
+    running = rep.running
+    alive = [sid in running for sid in plan.run]
+    if all(alive):
+        return plan, BatchShape(shape.new_tokens, ctx, shape.num_padding_tokens)
+    if plan.on_finish == "stop" or not any(alive):
+        return None
+    keep = np.flatnonzero(alive)
+    new = shape.new_tokens
+    if plan.on_finish == "drop":
+        rows = np.concatenate((keep, np.arange(n, len(ctx))))
+        new_tokens, context = new[rows], ctx[rows]
+        pad = shape.num_padding_tokens
+        padding = plan.padding
+    else:  # "pad": every padding row is one token, in increasing context order
+        gone = np.flatnonzero(np.logical_not(alive))
+        pad_ctx = np.sort(np.concatenate((ctx[gone], ctx[n:])), kind="stable")
+        context = np.concatenate((ctx[keep], pad_ctx))
+        new_tokens = np.ones(len(context), dtype=np.int64)
+        pad = len(pad_ctx)
+        padding = tuple(PaddingRow(1, c + 1) for c in pad_ctx.tolist())
+    ids = list(plan.run)
+    nxt = Plan(run={ids[i]: 1 for i in keep.tolist()}, padding=padding, steady=True,
+               on_finish=plan.on_finish, ignores_arrivals=plan.ignores_arrivals)
+    return nxt, BatchShape(new_tokens, context, pad)

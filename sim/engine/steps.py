@@ -31,13 +31,18 @@ _COMPUTED = attrgetter("num_computed")
 @dataclass(slots=True)
 class Flight:
     """A step launched at ``start_s`` and committed at ``end_s``: ``step`` holds what
-    ``Replica._commit`` needs; a skipped stretch of steady steps has ``skip`` instead."""
+    ``Replica._commit`` needs; a skipped stretch of steady steps has ``skip`` instead, with
+    ``shape`` (the step before the stretch), ``limit`` (the time it had to stop at) and
+    ``batch`` (a run-to-completion batch's run, ``sim.engine.batch_skip``)."""
 
     plan: Plan
     start_s: float
     end_s: float
     step: tuple | None
     skip: tuple = ()
+    shape: BatchShape | None = None
+    limit: float = math.inf
+    batch: bool = False
 
 class ReplicaSteps:
     """One model instance's queues, KV pool and step bookkeeping (see the module doc)."""
