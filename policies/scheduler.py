@@ -118,6 +118,10 @@ def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
     prefills: list[SeqView] = []
     for s in view.running:  # one pass: ``is_prefill`` is a property, read once per request
         (prefills if s.is_prefill else decodes).append(s)
+    if decodes and _take_decodes(kv, decodes, budget, paged):
+        num_decodes = len(budget.run)
+        done.update(s.id for s in decodes)
+        decodes = []  # all scheduled, or left out for want of slots: nothing left to do
     for decoding, group in ((True, decodes), (False, prefills)):
         for seq in group:
             if seq.id in done:
@@ -153,6 +157,28 @@ def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
     drop = steady and not view.waiting and len(budget.run) == len(view.running)
     return Plan(run=budget.run, preempt=tuple(preempt), reject=reject, steady=steady,
                 on_finish="drop" if drop else "stop")
+
+
+def _take_decodes(kv: KVView, decodes: list[SeqView], budget: Budget, paged: bool) -> bool:
+    """Schedule the running decodes at once when their blocks all fit, as the one-by-one loop
+    would (one token each while slots last, no victim needed); False when some might not fit
+    and the loop must decide, preempting."""
+    head = decodes[:max(0, min(len(decodes), budget.seqs))]
+    bs = kv.block_size
+    if paged:
+        need = sum([blocks_needed(s.num_computed_tokens + 1, 0, s.num_blocks, bs) for s in head])
+    else:
+        need = sum([blocks_needed(s.num_computed_tokens + 1, kv.floor_tokens(s), s.num_blocks,
+                                  bs) for s in head])
+    if need > budget.free_blocks:
+        return False
+    run = budget.run
+    for s in head:
+        run[s.id] = 1
+    budget.seqs -= len(head)
+    budget.tokens -= len(head)
+    budget.free_blocks -= need
+    return True
 
 
 def _cap(seq: SeqView, budget: Budget, chunk_size: int | None) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 from sim.core.rules import blocks_for, blocks_needed
 from sim.core.types import BatchShape, Plan
 from sim.cost.base import StepSeries, step_series
-from sim.engine.skipping import MAX_SKIP_STEPS, multiset_costed, take_arrivals
+from sim.engine.skipping import MAX_SKIP_STEPS, blocks_grown, multiset_costed, take_arrivals
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
@@ -88,19 +88,20 @@ def commit_batch_run(rep: Replica, plan: Plan, series: StepSeries, ends: np.ndar
     bs = pool.config.block_size
     starts = np.concatenate(([start], ends[:-1]))
     seconds = ends - starts  # a step's duration is its clock interval, as stepping records it
-    steps = np.arange(1, k + 1)
     last = np.minimum(remaining, k)  # the step each row runs to in this stretch
-    gone = np.cumsum(np.bincount(last, minlength=k + 1))[:k]  # rows done before each step
-    alive = n - gone
-    upto = np.minimum(steps[:, None], last[None, :])  # steps × rows: steps run so far
-    grown = np.maximum(blocks_for(computed[None, :] + upto, bs) - held[None, :], 0)
-    gives_back = np.bincount(last[remaining <= k], weights=(held + grown[-1])[remaining <= k],
-                             minlength=k + 1).astype(np.int64)
-    # held while each step ran: growth so far, less the blocks finishers released before it
-    used = pool.used + grown.sum(axis=1) - np.cumsum(gives_back)[:k]
-    running_now = steps[:, None] <= remaining[None, :]
-    others = rep.live_tokens() - int(computed.sum())  # running requests outside the batch
-    live = others + ((computed[None, :] + steps[:, None]) * running_now).sum(axis=1)
+
+    def before(weights: np.ndarray) -> np.ndarray:
+        """Per step, the sum of ``weights`` over the rows that left before it (a row whose
+        ``last`` is ``k`` leaves after the stretch, if at all)."""
+        return np.cumsum(np.bincount(last, weights=weights, minlength=k + 1))[:k].astype(
+            np.int64)
+
+    alive = n - before(np.ones(n))
+    grown = blocks_grown(computed, held, bs, k, last)  # given out up to each step
+    final = np.maximum(blocks_for(computed + last, bs) - held, 0)  # each row's growth
+    used = pool.used + grown - before((held + final).astype(np.float64))  # held while it ran
+    # live tokens: every running request's, less those of the rows gone, plus the steps'
+    live = rep.live_tokens() - before(computed.astype(np.float64)) + alive * np.arange(1, k + 1)
     worst = np.maximum.accumulate(seconds)  # each row's longest gap: its run's longest step
     peak = max(pool.peak_used, int(used.max()))
     running = rep.running

@@ -26,11 +26,12 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import simpy
 
 from sim.core.rules import blocks_for, target_tokens
 from sim.core.state import Seq
-from sim.core.types import Plan, Request, View
+from sim.core.types import BatchShape, Plan, Request, View
 from sim.engine.batch_skip import commit_batch_run, covers, plan_batch_run
 from sim.engine.drive import ReplicaState, admit, advance_until, replica_state
 from sim.engine.skipping import MAX_SKIP_STEPS, commit_skip, continue_skip, plan_skip
@@ -114,11 +115,12 @@ class Replica(ReplicaSteps):
         return replica_state(self)
 
     # -- the core: one scheduling point, one landing ----------------------------------------
-    def begin(self) -> float | None:
+    def begin(self, limit: float | None = None) -> float | None:
         """At the scheduling point ``self.clock``: take the arrivals, plan, and launch a step
         (``self.flight``) or go idle. Returns when to plan again if idle (``inf``: at the next
         arrival or admission), ``None`` when the replica is done (horizon, wall-clock budget,
-        or nothing left and no arrivals to come)."""
+        or nothing left and no arrivals to come). A steady plan whose tokens all came one step
+        ago launches a skipped stretch at once, stopping as ``land`` says (``limit``)."""
         now = self.clock
         if self.horizon_s is not None and now >= self.horizon_s:
             self.done = True
@@ -151,6 +153,11 @@ class Replica(ReplicaSteps):
         self._swap_s = self._swap_bytes = 0.0
         for sid in plan.preempt:
             self._preempt(self.running.pop(sid), now)
+        if plan.steady and self.skip and not self.pending and not plan.preempt:
+            before = self._shape_before(plan, now)
+            if before is not None and self._launch_skip(plan, before, now, limit):
+                assert self.flight is not None
+                return self.flight.end_s
         shape, num_prefill, num_decode, recomputed = self._launch(plan, now)
         step = self.cost.step(shape)
         swap_s, swap_bytes = self._swap_s, self._swap_bytes
@@ -187,15 +194,42 @@ class Replica(ReplicaSteps):
         else:
             self._commit(plan, flight.start_s, end, *flight.step)
             return
+        self._launch_skip(plan, shape, end, limit)
+
+    def _launch_skip(self, plan: Plan, shape: BatchShape, now: float, limit: float | None
+                     ) -> bool:
+        """Launch the skipped stretch of steady ``plan`` from ``now`` (``shape``: the step
+        before it), if there is one, up to ``limit`` (``None``: the replica's own next arrival,
+        unless the plan ignores arrivals) and the horizon."""
         if limit is None:
             limit = math.inf if plan.ignores_arrivals else self._next_arrival()
         if self.horizon_s is not None:
             limit = min(limit, self.horizon_s)
         batch = covers(self, plan)
         skip = (plan_batch_run if batch else plan_skip)(
-            self, plan, shape, end, limit)  # (series, ends, ...)
-        if skip is not None:
-            self.flight = Flight(plan, end, float(skip[1][-1]), None, skip, shape, limit, batch)
+            self, plan, shape, now, limit)  # (series, ends, ...)
+        if skip is None:
+            return False
+        self.flight = Flight(plan, now, float(skip[1][-1]), None, skip, shape, limit, batch)
+        return True
+
+    def _shape_before(self, plan: Plan, now: float) -> BatchShape | None:
+        """The step before a steady ``plan`` as its rows had it, when every one of them is a
+        running decode whose last token came at ``now`` (its next one then comes one step
+        later, as skipping counts it) and every padding row is one token; else ``None``."""
+        running = self.running
+        context = []
+        for sid in plan.run:
+            seq = running.get(sid)
+            if seq is None or seq.last_token_s != now:
+                return None
+            context.append(seq.num_computed)
+        for row in plan.padding:
+            if row.num_tokens != 1:
+                return None
+            context.append(row.context_len - 1)
+        return BatchShape(np.ones(len(context), dtype=np.int64),
+                          np.array(context, dtype=np.int64), len(plan.padding))
 
     def _more_arrivals(self) -> bool:
         """Can more requests still reach this replica (policies see it as ``more_arrivals``)?"""

@@ -89,20 +89,29 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
     return series, ends, computed, held, now
 
 
-def blocks_grown(computed: np.ndarray, held: np.ndarray, block_size: int, k: int
-                 ) -> np.ndarray:
+def blocks_grown(computed: np.ndarray, held: np.ndarray, block_size: int, k: int,
+                 last: np.ndarray | None = None) -> np.ndarray:
     """Blocks the requests (``computed`` tokens in ``held`` blocks each) have been given after
-    each of ``k`` decode steps: ``sum(max(0, ceil((computed + j) / bs) - held))``, j = 1..k.
+    each of ``k`` decode steps: ``sum(max(0, ceil((computed + j) / bs) - held))``, j = 1..k;
+    with ``last``, each request decodes only up to its ``last`` step (its finish).
 
     A request first needs a block at step ``held * bs - computed + 1`` and then every ``bs``
     steps, so the per-step allocations are a comb per request: counted in O(k + rows) instead
-    of the O(k × rows) of evaluating the sum for every step (integers: exact)."""
+    of the O(k × rows) of evaluating the sum for every step (integers: exact). A request that
+    stops at ``last`` has its comb cancelled from the first tooth after it."""
     first = held * block_size - computed + 1
-    first = first[first <= k]
-    if not len(first):
-        return np.zeros(k, dtype=np.int64)
     span = -(-(k + 1) // block_size) * block_size  # steps 0..k, a whole number of combs
-    starts = np.bincount(first, minlength=span)
+    if last is None:
+        first = first[first <= k]
+        if not len(first):
+            return np.zeros(k, dtype=np.int64)
+        starts = np.bincount(first, minlength=span)
+    else:
+        grows = first <= last
+        first, last = first[grows], last[grows]
+        stop = first + block_size * ((last - first) // block_size + 1)  # first tooth after
+        starts = (np.bincount(first, minlength=span)
+                  - np.bincount(stop[stop <= k], minlength=span))
     per_step = starts.reshape(-1, block_size).cumsum(axis=0).ravel()  # each comb's teeth
     return np.cumsum(per_step[1:k + 1])
 
