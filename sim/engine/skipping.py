@@ -52,18 +52,25 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
     the time a driven replica is advanced to), the horizon.
     Returns ``(series, ends, computed, held, now)`` or ``None`` when there is nothing to skip.
     """
-    running = rep.running
-    seqs = []
-    for sid in plan.run:
-        seq = running.get(sid)
-        if seq is None or seq.req.num_prompt_tokens + seq.num_generated - seq.num_computed != 1:
-            return None
-        seqs.append(seq)
     if next_arrival <= now or (rep.horizon_s is not None and now >= rep.horizon_s):
         return None  # stepping would stop here to take the arrival, or end at the horizon
-    k = min(MAX_SKIP_STEPS, min(s.req.num_output_tokens - s.num_generated for s in seqs))
-    computed = np.fromiter((s.num_computed for s in seqs), np.int64, len(seqs))
-    held = np.fromiter((s.num_blocks for s in seqs), np.int64, len(seqs))
+    running = rep.running
+    computed_, held_ = [], []
+    k = MAX_SKIP_STEPS
+    for sid in plan.run:
+        seq = running.get(sid)
+        if seq is None:
+            return None
+        generated, done = seq.num_generated, seq.num_computed
+        if seq.req.num_prompt_tokens + generated - done != 1:
+            return None  # not a decode
+        left = seq.req.num_output_tokens - generated
+        if left < k:
+            k = left
+        computed_.append(done)
+        held_.append(seq.num_blocks)
+    computed = np.array(computed_, dtype=np.int64)
+    held = np.array(held_, dtype=np.int64)
     cfg = rep.pool.config
     if not cfg.unlimited:
         bs, free = cfg.block_size, rep.pool.view_free
@@ -147,9 +154,10 @@ def commit_skip(rep: Replica, plan: Plan, series: Any, ends: np.ndarray, compute
             need = blocks_needed(seq.num_computed, 0, seq.num_blocks, bs)
             if need:
                 pool.take_for(seq, need)
-    settle = rep.settle
+    settle, capacity = rep.settle, pool.config.capacity_tokens
     for seq in batch:
-        settle(seq, end)
+        if seq.status == "finished" or seq.num_computed >= capacity:  # else a no-op
+            settle(seq, end)
     pad = len(plan.padding)
     rep.log.extend(rep.index, starts, seconds, n, n, pad, pad, take_arrivals(rep, starts),
                    used, series, n, kv_live_tokens=live, kv_cached_blocks=cached)
