@@ -26,6 +26,7 @@ from policies.registry import Policy
 from sim.core.types import PaddingRow, Plan, SeqView, View
 
 _CONTEXT = attrgetter("context_len")
+_ARRIVAL = attrgetter("arrival_s")
 
 
 def pick_batch(queue: Sequence[SeqView], now_s: float, size: int, wait_s: float | None,
@@ -40,11 +41,15 @@ def pick_batch(queue: Sequence[SeqView], now_s: float, size: int, wait_s: float 
     returned as the time to look again (``None``: at the next arrival).
     """
     groups: dict[Hashable, list[SeqView]] = {}
-    for seq in queue:
-        groups.setdefault(key(seq) if key else None, []).append(seq)
+    if key is None:  # one group: the queue itself
+        if queue:
+            groups[None] = list(queue)
+    else:
+        for seq in queue:
+            groups.setdefault(key(seq), []).append(seq)
     wake: float | None = None
     for group in groups.values():
-        due = None if wait_s is None else min(s.arrival_s for s in group) + wait_s
+        due = None if wait_s is None else min(map(_ARRIVAL, group)) + wait_s
         if len(group) >= size or not more_arrivals or (due is not None and now_s >= due):
             return group[:size], None
         if due is not None and (wake is None or due < wake):

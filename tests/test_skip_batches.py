@@ -184,3 +184,13 @@ def test_a_long_batch_run_is_split_at_max_skip_steps_exactly(name):
     spec = {"name": name, **({"batch_size": 2} if name == "static" else
                              {"max_batch_size": 2, "max_wait_s": 0.0})}
     assert_same_run(spec, reqs, sim.ConstantCost(0.01), {"num_blocks": 400, "block_size": 16})
+
+
+def test_a_batch_run_with_only_a_rejected_arrival_meanwhile():
+    # The one request arriving during the run can never fit (max_model_len): it is rejected
+    # at t=4, the first step start after its arrival, and nobody joins the queue.
+    reqs = [sim.Request(0, 0.0, 4, 6), sim.Request(1, 0.0, 4, 3), sim.Request(2, 3.2, 90, 2)]
+    res = assert_same_run({"name": "static", "batch_size": 2}, reqs, sim.ConstantCost(1.0),
+                          None, max_model_len=60)
+    assert res.requests["finish_s"].tolist() == [6.0, 3.0, 4.0]
+    assert res.steps["num_waiting"].tolist() == [0] * 6

@@ -179,13 +179,15 @@ def take_arrivals(rep: Replica, starts: np.ndarray) -> int | np.ndarray:
         j += 1
     arrivals = np.fromiter((r.arrival_s for r in reqs[i:j]), np.float64, j - i)
     at = np.searchsorted(starts, arrivals, side="left")  # first start >= arrival
-    joined = np.zeros(len(starts), dtype=np.int64)
-    for r, step in zip(reqs[i:j], at.tolist(), strict=True):
-        size = len(rep.waiting)
-        rep._enter(rep.seqs[r.id], float(starts[step]))  # rejected there if it never fits
-        joined[step] += len(rep.waiting) - size
+    seqs, enter, joined = rep.seqs, rep._enter, []
+    for r, step, t in zip(reqs[i:j], at.tolist(), starts[at].tolist(), strict=True):
+        seq = seqs[r.id]
+        enter(seq, t)  # rejected there if it never fits
+        if seq.status == "waiting":
+            joined.append(step)
     rep.next_index = j
-    return waiting + np.cumsum(joined)
+    return waiting + np.cumsum(np.bincount(np.array(joined, dtype=np.int64),
+                                           minlength=len(starts)))
 
 
 def continue_skip(rep: Replica, plan: Plan, shape: BatchShape, k: int
