@@ -9,7 +9,8 @@ The core works in two moves: ``begin`` (at a scheduling point) and ``land``
 Each iteration: take the arrivals due, snapshot a ``View``, ask the policy for a ``Plan``,
 validate it (``sim.engine.validate``), apply rejections and preemptions, grow KV, cost the batch,
 ``yield`` the step's duration, then commit tokens (first token, finish, free KV) and record the
-step. Steady decode stretches are advanced in one event (``sim.engine.skipping``).
+step. Steady decode stretches are advanced in one event (``sim.engine.skipping``; a static
+or dynamic batch to its last finish: ``sim.engine.batch_skip``).
 
 Same-time rule (documented, tested): a request whose ``arrival_s`` is <= the clock at a
 scheduling point is visible to that plan, so an arrival exactly at a step boundary is seen by
