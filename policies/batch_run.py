@@ -18,11 +18,15 @@ evict it straight away). Decoding members wait while rejoiners recompute.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from operator import attrgetter
 
 from policies.ordering import order_queue
 from policies.packing import budget_for, fitting_prefix, grow_running
 from policies.registry import Policy
 from sim.core.types import PaddingRow, Plan, SeqView, View
+
+_CONTEXT = attrgetter("context_len")
+_ARRIVAL = attrgetter("arrival_s")
 
 
 def pick_batch(queue: Sequence[SeqView], now_s: float, size: int, wait_s: float | None,
@@ -37,11 +41,15 @@ def pick_batch(queue: Sequence[SeqView], now_s: float, size: int, wait_s: float 
     returned as the time to look again (``None``: at the next arrival).
     """
     groups: dict[Hashable, list[SeqView]] = {}
-    for seq in queue:
-        groups.setdefault(key(seq) if key else None, []).append(seq)
+    if key is None:  # one group: the queue itself
+        if queue:
+            groups[None] = list(queue)
+    else:
+        for seq in queue:
+            groups.setdefault(key(seq), []).append(seq)
     wake: float | None = None
     for group in groups.values():
-        due = None if wait_s is None else min(s.arrival_s for s in group) + wait_s
+        due = None if wait_s is None else min(map(_ARRIVAL, group)) + wait_s
         if len(group) >= size or not more_arrivals or (due is not None and now_s >= due):
             return group[:size], None
         if due is not None and (wake is None or due < wake):
@@ -123,5 +131,9 @@ class RunToCompletion:
             if sid not in present:
                 ctx[sid] += 1
                 padding.append(PaddingRow(1, ctx[sid]))
+        padding.sort(key=_CONTEXT)  # the order ``Plan.on_finish="pad"`` keeps them in
         steady = not preempt and not rejoin and all(n == 1 for n in budget.run.values())
-        return Plan(run=budget.run, preempt=preempt, padding=tuple(padding), steady=steady)
+        # Nobody joins a batch in flight: arrivals leave this plan as it is, and a finished
+        # member's row turns into padding.
+        return Plan(run=budget.run, preempt=preempt, padding=tuple(padding), steady=steady,
+                    on_finish="pad", ignores_arrivals=True)

@@ -94,7 +94,9 @@ def _whole_prompts(spec: SchedulingSpec, view: View) -> Plan:
     # A pure decode plan repeats until an arrival, a finish or a KV shortfall: admission
     # failed for lack of slots, budget or blocks, none of which grows while decoding.
     steady = not preempt and not admitted and not reject
-    return Plan(run=budget.run, preempt=preempt, reject=reject, steady=steady)
+    # With nothing waiting, a finish only frees room: the others decode on alike.
+    return Plan(run=budget.run, preempt=preempt, reject=reject, steady=steady,
+                on_finish="drop" if steady and not view.waiting else "stop")
 
 
 def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
@@ -116,6 +118,10 @@ def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
     prefills: list[SeqView] = []
     for s in view.running:  # one pass: ``is_prefill`` is a property, read once per request
         (prefills if s.is_prefill else decodes).append(s)
+    if decodes and _take_decodes(kv, decodes, budget, paged):
+        num_decodes = len(budget.run)
+        done.update(s.id for s in decodes)
+        decodes = []  # all scheduled, or left out for want of slots: nothing left to do
     for decoding, group in ((True, decodes), (False, prefills)):
         for seq in group:
             if seq.id in done:
@@ -147,7 +153,32 @@ def _decode_first(spec: SchedulingSpec, view: View) -> Plan:
     # Decodes alone repeat until an arrival, a finish or a KV shortfall: whatever was left
     # out (budget, slots or blocks) cannot become schedulable while they decode.
     steady = bool(budget.run) and not preempt and not reject and len(budget.run) == num_decodes
-    return Plan(run=budget.run, preempt=tuple(preempt), reject=reject, steady=steady)
+    # With nothing waiting and every running request decoding, a finish only frees room.
+    drop = steady and not view.waiting and len(budget.run) == len(view.running)
+    return Plan(run=budget.run, preempt=tuple(preempt), reject=reject, steady=steady,
+                on_finish="drop" if drop else "stop")
+
+
+def _take_decodes(kv: KVView, decodes: list[SeqView], budget: Budget, paged: bool) -> bool:
+    """Schedule the running decodes at once when their blocks all fit, as the one-by-one loop
+    would (one token each while slots last, no victim needed); False when some might not fit
+    and the loop must decide, preempting."""
+    head = decodes[:max(0, min(len(decodes), budget.seqs))]
+    bs = kv.block_size
+    if paged:
+        need = sum([blocks_needed(s.num_computed_tokens + 1, 0, s.num_blocks, bs) for s in head])
+    else:
+        need = sum([blocks_needed(s.num_computed_tokens + 1, kv.floor_tokens(s), s.num_blocks,
+                                  bs) for s in head])
+    if need > budget.free_blocks:
+        return False
+    run = budget.run
+    for s in head:
+        run[s.id] = 1
+    budget.seqs -= len(head)
+    budget.tokens -= len(head)
+    budget.free_blocks -= need
+    return True
 
 
 def _cap(seq: SeqView, budget: Budget, chunk_size: int | None) -> int:

@@ -141,6 +141,11 @@ class Plan:
     request arrives, no scheduled request finishes and KV growth needs no more blocks than are
     free, every following plan would be this one again — each listed request decoding one more
     token and each padding row attending one more token. Only pure decode plans may say so.
+    ``on_finish`` widens that promise past a scheduled request's finish: ``"stop"`` (none: ask
+    again), ``"drop"`` (the plan without it, as a decode batch with nothing waiting goes on),
+    ``"pad"`` (its row becomes a one-token padding row at the context it would have had, padding
+    rows in increasing context order: a run-to-completion batch). ``ignores_arrivals`` says
+    arrivals do not change the plan either (a batch in flight that nobody joins).
     """
 
     run: Mapping[int, int] = field(default_factory=dict)
@@ -149,6 +154,12 @@ class Plan:
     steady: bool = False
     padding: tuple[PaddingRow, ...] = ()
     wake_at_s: float | None = None
+    on_finish: str = "stop"
+    ignores_arrivals: bool = False
+
+
+#: What a ``steady`` plan promises at a scheduled request's finish (``Plan.on_finish``).
+ON_FINISH = ("stop", "drop", "pad")
 
 
 @dataclass(frozen=True, slots=True)

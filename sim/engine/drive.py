@@ -98,7 +98,7 @@ def advance_until(rep: Replica, t: float) -> None:
             rep.clock, rep.idle = rep.wake_s, False
         elif rep.clock >= t:
             break  # a scheduling point at t: admissions at t come first
-        rep.begin()
+        rep.begin(t)
     rep.advanced_s = max(rep.advanced_s, t)
 
 

@@ -9,7 +9,8 @@ The core works in two moves: ``begin`` (at a scheduling point) and ``land``
 Each iteration: take the arrivals due, snapshot a ``View``, ask the policy for a ``Plan``,
 validate it (``sim.engine.validate``), apply rejections and preemptions, grow KV, cost the batch,
 ``yield`` the step's duration, then commit tokens (first token, finish, free KV) and record the
-step. Steady decode stretches are advanced in one event (``sim.engine.skipping``).
+step. Steady decode stretches are advanced in one event (``sim.engine.skipping``; a static
+or dynamic batch to its last finish: ``sim.engine.batch_skip``).
 
 Same-time rule (documented, tested): a request whose ``arrival_s`` is <= the clock at a
 scheduling point is visible to that plan, so an arrival exactly at a step boundary is seen by
@@ -26,13 +27,15 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import simpy
 
 from sim.core.rules import blocks_for, target_tokens
 from sim.core.state import Seq
-from sim.core.types import Plan, Request, View
+from sim.core.types import BatchShape, Plan, Request, View
+from sim.engine.batch_skip import commit_batch_run, covers, plan_batch_run
 from sim.engine.drive import ReplicaState, admit, advance_until, replica_state
-from sim.engine.skipping import MAX_SKIP_STEPS, commit_skip, plan_skip
+from sim.engine.skipping import MAX_SKIP_STEPS, commit_skip, continue_skip, plan_skip
 from sim.engine.steps import Flight, ReplicaSteps
 from sim.engine.validate import EngineError, validate_plan
 from sim.kv.config import KVConfig
@@ -73,7 +76,7 @@ class Replica(ReplicaSteps):
             flight = self.flight
             if flight is not None:
                 yield from self._wait_until(env, flight.end_s)
-                self.land(self._next_arrival())
+                self.land()
                 continue
             wake = self.begin()
             if self.flight is not None:
@@ -113,11 +116,12 @@ class Replica(ReplicaSteps):
         return replica_state(self)
 
     # -- the core: one scheduling point, one landing ----------------------------------------
-    def begin(self) -> float | None:
+    def begin(self, limit: float | None = None) -> float | None:
         """At the scheduling point ``self.clock``: take the arrivals, plan, and launch a step
         (``self.flight``) or go idle. Returns when to plan again if idle (``inf``: at the next
         arrival or admission), ``None`` when the replica is done (horizon, wall-clock budget,
-        or nothing left and no arrivals to come)."""
+        or nothing left and no arrivals to come). A steady plan whose tokens all came one step
+        ago launches a skipped stretch at once, stopping as ``land`` says (``limit``)."""
         now = self.clock
         if self.horizon_s is not None and now >= self.horizon_s:
             self.done = True
@@ -150,6 +154,11 @@ class Replica(ReplicaSteps):
         self._swap_s = self._swap_bytes = 0.0
         for sid in plan.preempt:
             self._preempt(self.running.pop(sid), now)
+        if plan.steady and self.skip and not self.pending and not plan.preempt:
+            before = self._shape_before(plan, now)
+            if before is not None and self._launch_skip(plan, before, now, limit):
+                assert self.flight is not None
+                return self.flight.end_s
         shape, num_prefill, num_decode, recomputed = self._launch(plan, now)
         step = self.cost.step(shape)
         swap_s, swap_bytes = self._swap_s, self._swap_bytes
@@ -159,22 +168,69 @@ class Replica(ReplicaSteps):
                               swap_bytes))
         return self.flight.end_s
 
-    def land(self, limit: float) -> None:
+    def land(self, limit: float | None = None) -> None:
         """The flight has ended (``self.clock`` is its end): commit it. A steady step may
         launch a skipped stretch (a new flight) that ends at the first step ending at or after
-        ``limit`` (the next arrival, or the time the replica is advanced to)."""
+        ``limit`` (the time a driven replica is advanced to; ``None``: the next arrival of the
+        replica's own list, unless the plan ignores arrivals). A stretch that ended short of
+        its limit goes on where the plan's promise covers it (``continue_skip``)."""
         flight = self.flight
         assert flight is not None
         self.flight = None
         plan, end = flight.plan, self.clock
         if flight.step is None:
-            commit_skip(self, plan, *flight.skip)
+            (commit_batch_run if flight.batch else commit_skip)(self, plan, *flight.skip)
+            assert flight.shape is not None
+            go_on = (None if self.pending or end >= flight.limit else
+                     continue_skip(self, plan, flight.shape, len(flight.skip[1])))
+            if go_on is None:
+                return
+            plan, shape = go_on
+        elif plan.steady and self.skip and not self.pending:  # admitted requests: plan now
+            self._commit(plan, flight.start_s, end, *flight.step)
+            go_on = continue_skip(self, plan, flight.step[1], 0)  # finishers' rows, if any
+            if go_on is None:
+                return
+            plan, shape = go_on
+        else:
+            self._commit(plan, flight.start_s, end, *flight.step)
             return
-        self._commit(plan, flight.start_s, end, *flight.step)
-        if plan.steady and self.skip and not self.pending:  # admitted requests: plan now
-            skip = plan_skip(self, plan, flight.step[1], end, limit)  # (series, ends, ...)
-            if skip is not None:
-                self.flight = Flight(plan, end, float(skip[1][-1]), None, skip)
+        self._launch_skip(plan, shape, end, limit)
+
+    def _launch_skip(self, plan: Plan, shape: BatchShape, now: float, limit: float | None
+                     ) -> bool:
+        """Launch the skipped stretch of steady ``plan`` from ``now`` (``shape``: the step
+        before it), if there is one, up to ``limit`` (``None``: the replica's own next arrival,
+        unless the plan ignores arrivals) and the horizon."""
+        if limit is None:
+            limit = math.inf if plan.ignores_arrivals else self._next_arrival()
+        if self.horizon_s is not None:
+            limit = min(limit, self.horizon_s)
+        batch = covers(self, plan)
+        skip = (plan_batch_run if batch else plan_skip)(
+            self, plan, shape, now, limit)  # (series, ends, ...)
+        if skip is None:
+            return False
+        self.flight = Flight(plan, now, float(skip[1][-1]), None, skip, shape, limit, batch)
+        return True
+
+    def _shape_before(self, plan: Plan, now: float) -> BatchShape | None:
+        """The step before a steady ``plan`` as its rows had it, when every one of them is a
+        running decode whose last token came at ``now`` (its next one then comes one step
+        later, as skipping counts it) and every padding row is one token; else ``None``."""
+        running = self.running
+        context = []
+        for sid in plan.run:
+            seq = running.get(sid)
+            if seq is None or seq.last_token_s != now:
+                return None
+            context.append(seq.num_computed)
+        for row in plan.padding:
+            if row.num_tokens != 1:
+                return None
+            context.append(row.context_len - 1)
+        return BatchShape(np.ones(len(context), dtype=np.int64),
+                          np.array(context, dtype=np.int64), len(plan.padding))
 
     def _more_arrivals(self) -> bool:
         """Can more requests still reach this replica (policies see it as ``more_arrivals``)?"""

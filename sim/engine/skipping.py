@@ -7,6 +7,12 @@ stepping would have: token times, KV held (growth, evictions of cached prefix bl
 tokens. Decode blocks join a prefix chain only when their request finishes (``Replica.settle``),
 never mid-stretch, so skipping cannot reorder who extends a chain. Tested to be bit-identical
 to stepping for every policy, allocator and preemption mode.
+
+A plan's ``on_finish`` and ``ignores_arrivals`` (``sim.core.types.Plan``) let a stretch go on
+past a finish (``continue_skip`` makes the plan the policy would make: the same rows less the
+finished ones, or with them as padding rows) and past arrivals: those join the queue at the
+scheduling point stepping would have taken them at (the first step start at or after their
+arrival), and every step logs the queue it saw.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.core.rules import blocks_for, blocks_needed
-from sim.core.types import BatchShape, Plan
+from sim.core.types import BatchShape, PaddingRow, Plan
 from sim.cost.base import step_series
 
 if TYPE_CHECKING:
@@ -24,6 +30,17 @@ if TYPE_CHECKING:
 
 #: Most decode steps one skip covers: bounds the arrays built per skip.
 MAX_SKIP_STEPS = 2048
+
+
+def multiset_costed(cost: object) -> bool:
+    """Whether ``cost`` is known to cost a pure-decode batch by its multiset of context
+    lengths alone (neither the order of rows nor which of them are padding enters): the
+    built-in models (tests/test_skip_batches.py checks it). A run-to-completion batch's steps
+    are then one series over all its rows (``sim.engine.batch_skip``)."""
+    from sim.cost.base import ConstantCost, LinearCost
+    from sim.cost.roofline import RooflineCost
+
+    return type(cost) in (ConstantCost, LinearCost, RooflineCost)
 
 
 def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arrival: float
@@ -35,18 +52,25 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
     the time a driven replica is advanced to), the horizon.
     Returns ``(series, ends, computed, held, now)`` or ``None`` when there is nothing to skip.
     """
-    running = rep.running
-    seqs = []
-    for sid in plan.run:
-        seq = running.get(sid)
-        if seq is None or seq.req.num_prompt_tokens + seq.num_generated - seq.num_computed != 1:
-            return None
-        seqs.append(seq)
     if next_arrival <= now or (rep.horizon_s is not None and now >= rep.horizon_s):
         return None  # stepping would stop here to take the arrival, or end at the horizon
-    k = min(MAX_SKIP_STEPS, min(s.req.num_output_tokens - s.num_generated for s in seqs))
-    computed = np.fromiter((s.num_computed for s in seqs), np.int64, len(seqs))
-    held = np.fromiter((s.num_blocks for s in seqs), np.int64, len(seqs))
+    running = rep.running
+    computed_, held_ = [], []
+    k = MAX_SKIP_STEPS
+    for sid in plan.run:
+        seq = running.get(sid)
+        if seq is None:
+            return None
+        generated, done = seq.num_generated, seq.num_computed
+        if seq.req.num_prompt_tokens + generated - done != 1:
+            return None  # not a decode
+        left = seq.req.num_output_tokens - generated
+        if left < k:
+            k = left
+        computed_.append(done)
+        held_.append(seq.num_blocks)
+    computed = np.array(computed_, dtype=np.int64)
+    held = np.array(held_, dtype=np.int64)
     cfg = rep.pool.config
     if not cfg.unlimited:
         bs, free = cfg.block_size, rep.pool.view_free
@@ -72,20 +96,29 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
     return series, ends, computed, held, now
 
 
-def blocks_grown(computed: np.ndarray, held: np.ndarray, block_size: int, k: int
-                 ) -> np.ndarray:
+def blocks_grown(computed: np.ndarray, held: np.ndarray, block_size: int, k: int,
+                 last: np.ndarray | None = None) -> np.ndarray:
     """Blocks the requests (``computed`` tokens in ``held`` blocks each) have been given after
-    each of ``k`` decode steps: ``sum(max(0, ceil((computed + j) / bs) - held))``, j = 1..k.
+    each of ``k`` decode steps: ``sum(max(0, ceil((computed + j) / bs) - held))``, j = 1..k;
+    with ``last``, each request decodes only up to its ``last`` step (its finish).
 
     A request first needs a block at step ``held * bs - computed + 1`` and then every ``bs``
     steps, so the per-step allocations are a comb per request: counted in O(k + rows) instead
-    of the O(k × rows) of evaluating the sum for every step (integers: exact)."""
+    of the O(k × rows) of evaluating the sum for every step (integers: exact). A request that
+    stops at ``last`` has its comb cancelled from the first tooth after it."""
     first = held * block_size - computed + 1
-    first = first[first <= k]
-    if not len(first):
-        return np.zeros(k, dtype=np.int64)
     span = -(-(k + 1) // block_size) * block_size  # steps 0..k, a whole number of combs
-    starts = np.bincount(first, minlength=span)
+    if last is None:
+        first = first[first <= k]
+        if not len(first):
+            return np.zeros(k, dtype=np.int64)
+        starts = np.bincount(first, minlength=span)
+    else:
+        grows = first <= last
+        first, last = first[grows], last[grows]
+        stop = first + block_size * ((last - first) // block_size + 1)  # first tooth after
+        starts = (np.bincount(first, minlength=span)
+                  - np.bincount(stop[stop <= k], minlength=span))
     per_step = starts.reshape(-1, block_size).cumsum(axis=0).ravel()  # each comb's teeth
     return np.cumsum(per_step[1:k + 1])
 
@@ -121,12 +154,71 @@ def commit_skip(rep: Replica, plan: Plan, series: Any, ends: np.ndarray, compute
             need = blocks_needed(seq.num_computed, 0, seq.num_blocks, bs)
             if need:
                 pool.take_for(seq, need)
-    settle = rep.settle
+    settle, capacity = rep.settle, pool.config.capacity_tokens
     for seq in batch:
-        settle(seq, end)
+        if seq.status == "finished" or seq.num_computed >= capacity:  # else a no-op
+            settle(seq, end)
     pad = len(plan.padding)
-    rep.log.extend(rep.index, starts, seconds, n, n, pad, pad,
-                   len(rep.waiting) + len(rep.preempted), used, series, n,
-                   kv_live_tokens=live, kv_cached_blocks=cached)
+    rep.log.extend(rep.index, starts, seconds, n, n, pad, pad, take_arrivals(rep, starts),
+                   used, series, n, kv_live_tokens=live, kv_cached_blocks=cached)
     if rep.checks:
         rep.check_invariants()
+
+
+def take_arrivals(rep: Replica, starts: np.ndarray) -> int | np.ndarray:
+    """Let the replica's own requests that arrived by the stretch's last scheduling point join
+    the queue, each at the first step start at or after its arrival (the scheduling point that
+    stepping takes it at); return the queue length each step saw. Without
+    ``Plan.ignores_arrivals`` the stretch ended before the next arrival: nothing joins."""
+    waiting = len(rep.waiting) + len(rep.preempted)
+    reqs, i, last = rep.requests, rep.next_index, float(starts[-1])
+    if i >= len(reqs) or reqs[i].arrival_s > last:
+        return waiting
+    j = i
+    while j < len(reqs) and reqs[j].arrival_s <= last:
+        j += 1
+    arrivals = np.fromiter((r.arrival_s for r in reqs[i:j]), np.float64, j - i)
+    at = np.searchsorted(starts, arrivals, side="left")  # first start >= arrival
+    seqs, enter, joined = rep.seqs, rep._enter, []
+    for r, step, t in zip(reqs[i:j], at.tolist(), starts[at].tolist(), strict=True):
+        seq = seqs[r.id]
+        enter(seq, t)  # rejected there if it never fits
+        if seq.status == "waiting":
+            joined.append(step)
+    rep.next_index = j
+    return waiting + np.cumsum(np.bincount(np.array(joined, dtype=np.int64),
+                                           minlength=len(starts)))
+
+
+def continue_skip(rep: Replica, plan: Plan, shape: BatchShape, k: int
+                  ) -> tuple[Plan, BatchShape] | None:
+    """The plan the policy would make after ``k`` skipped steps of ``plan`` (``shape``: the step
+    before them), when its promise covers it, and the shape of the stretch's last step in that
+    plan's row order; ``None``: ask the policy. Rows of requests that left (finished, or
+    rejected as their context outgrew the cache) go by ``plan.on_finish``."""
+    ctx = shape.context_lens + k
+    n = len(plan.run)
+    running = rep.running
+    alive = [sid in running for sid in plan.run]
+    if all(alive):
+        return plan, BatchShape(shape.new_tokens, ctx, shape.num_padding_tokens)
+    if plan.on_finish == "stop" or not any(alive):
+        return None
+    keep = np.flatnonzero(alive)
+    new = shape.new_tokens
+    if plan.on_finish == "drop":
+        rows = np.concatenate((keep, np.arange(n, len(ctx))))
+        new_tokens, context = new[rows], ctx[rows]
+        pad = shape.num_padding_tokens
+        padding = plan.padding
+    else:  # "pad": every padding row is one token, in increasing context order
+        gone = np.flatnonzero(np.logical_not(alive))
+        pad_ctx = np.sort(np.concatenate((ctx[gone], ctx[n:])), kind="stable")
+        context = np.concatenate((ctx[keep], pad_ctx))
+        new_tokens = np.ones(len(context), dtype=np.int64)
+        pad = len(pad_ctx)
+        padding = tuple(PaddingRow(1, c + 1) for c in pad_ctx.tolist())
+    ids = list(plan.run)
+    nxt = Plan(run={ids[i]: 1 for i in keep.tolist()}, padding=padding, steady=True,
+               on_finish=plan.on_finish, ignores_arrivals=plan.ignores_arrivals)
+    return nxt, BatchShape(new_tokens, context, pad)

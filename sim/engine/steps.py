@@ -31,13 +31,18 @@ _COMPUTED = attrgetter("num_computed")
 @dataclass(slots=True)
 class Flight:
     """A step launched at ``start_s`` and committed at ``end_s``: ``step`` holds what
-    ``Replica._commit`` needs; a skipped stretch of steady steps has ``skip`` instead."""
+    ``Replica._commit`` needs; a skipped stretch of steady steps has ``skip`` instead, with
+    ``shape`` (the step before the stretch), ``limit`` (the time it had to stop at) and
+    ``batch`` (a run-to-completion batch's run, ``sim.engine.batch_skip``)."""
 
     plan: Plan
     start_s: float
     end_s: float
     step: tuple | None
     skip: tuple = ()
+    shape: BatchShape | None = None
+    limit: float = math.inf
+    batch: bool = False
 
 class ReplicaSteps:
     """One model instance's queues, KV pool and step bookkeeping (see the module doc)."""
@@ -116,27 +121,25 @@ class ReplicaSteps:
     def _launch(self, plan: Plan, now: float) -> tuple[BatchShape, int, int, int]:
         """Move scheduled requests to running, grow their KV and build the batch shape."""
         pool, cfg = self.pool, self.pool.config
-        admitted = []
-        for sid in plan.run:
-            if sid not in self.running:
-                seq = self._pop_waiting(sid)
-                self.running[sid] = seq
-                seq.schedule(now)
-                admitted.append(seq)
-        # Cached prefix blocks are held before anything is allocated, so no allocation below
-        # can evict a block a request of this very plan was shown as cached.
-        for seq in admitted:
+        running, bs = self.running, cfg.block_size
+        admitted = [sid for sid in plan.run if sid not in running]
+        for sid in admitted:
+            seq = self._pop_waiting(sid)
+            running[sid] = seq
+            seq.schedule(now)
+            # Cached prefix blocks are held before anything is allocated, so no allocation
+            # below can evict a block a request of this very plan was shown as cached.
             if seq.hit_tokens:
-                pool.pin(seq, seq.hit_tokens // cfg.block_size)
+                pool.pin(seq, seq.hit_tokens // bs)
                 seq.take_hit()
-        new_tokens: list[int] = []
+        new_tokens = list(plan.run.values())
         context: list[int] = []
         num_prefill = num_decode = recomputed = 0
-        running, bs = self.running, cfg.block_size
         paged = cfg.allocator != "slab"  # no reservation: grow inline, as ``pool.grow`` would
+        swaps = admitted and cfg.preemption == "swap"  # only requests taken from the queue
         for sid, n in plan.run.items():
             seq = running[sid]
-            if seq.swapped:  # its KV comes back from host memory before the step
+            if swaps and seq.swapped:  # its KV comes back from host memory before the step
                 assert cfg.swap_s_per_token is not None and cfg.kv_bytes_per_token is not None
                 self._swap_s += seq.num_computed * cfg.swap_s_per_token
                 self._swap_bytes += seq.num_computed * cfg.kv_bytes_per_token
@@ -156,7 +159,6 @@ class ReplicaSteps:
                 num_decode += 1
             else:
                 num_prefill += n
-            new_tokens.append(n)
             context.append(target)
         pad = 0
         for row in plan.padding:
@@ -178,6 +180,8 @@ class ReplicaSteps:
         running = self.running
         add_irregular = log.add_irregular_itl
         cache = pool.cache
+        capacity = pool.config.capacity_tokens
+        leaving = []  # finished, or maybe outgrowing the cache: ``settle`` decides
         for sid, n in plan.run.items():
             seq = running[sid]
             itl = seq.advance(n, start, end)
@@ -188,14 +192,14 @@ class ReplicaSteps:
                     add_irregular(end, itl, 1, self.index)
             if cache is not None and seq.num_computed - n < seq.req.num_prompt_tokens:
                 pool.register(seq, seq.req.num_prompt_tokens)  # computed prompt tokens
+            if seq.status == "finished" or seq.num_computed >= capacity:  # else a no-op
+                leaving.append(seq)
         if self.listener is not None:
             emit_first_tokens(self, plan.run, end)
         live, cached = self.live_tokens(), pool.cached
-        settle, capacity = self.settle, pool.config.capacity_tokens
-        for sid in plan.run:
-            seq = running[sid]
-            if seq.status == "finished" or seq.num_computed >= capacity:  # else a no-op
-                settle(seq, end)
+        settle = self.settle
+        for seq in leaving:
+            settle(seq, end)
         num_waiting = len(self.waiting) + len(self.preempted)
         log.record(self.index, start, end - start, len(plan.run), num_prefill, num_decode,
                    shape.num_padding_tokens, len(plan.padding), num_waiting, held, step,

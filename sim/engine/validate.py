@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NoReturn
 
 from sim.core.rules import blocks_needed
-from sim.core.types import Plan, View
+from sim.core.types import ON_FINISH, Plan, View
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
@@ -41,6 +41,8 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
         freed += seq.num_blocks
     if plan.wake_at_s is not None and not plan.run and plan.wake_at_s <= now:
         fail(rep, now, f"wake_at_s={plan.wake_at_s} is not in the future")
+    if plan.on_finish not in ON_FINISH:
+        fail(rep, now, f"on_finish={plan.on_finish!r} is not one of {', '.join(ON_FINISH)}")
     if not plan.run:
         if plan.padding or plan.preempt:
             fail(rep, now, "padding rows or preemptions without any request to run")

@@ -132,12 +132,14 @@ class StepLog:
         if self.fold_at and len(c["bound"]) >= self.fold_at:
             self.fold()
 
-    def extend(self, replica: int, starts: np.ndarray, durations: np.ndarray, num_seqs: int,
-               num_decode: int, num_padding: int, num_padding_rows: int, num_waiting: int,
-               kv_used: np.ndarray, series: Any, regular_itl: int, *,
-               kv_live_tokens: np.ndarray | None = None,
-               kv_cached_blocks: np.ndarray | None = None) -> None:
-        """Append ``len(starts)`` skipped decode steps in one go (no recompute, no swaps)."""
+    def extend(self, replica: int, starts: np.ndarray, durations: np.ndarray,
+               num_seqs: int | np.ndarray, num_decode: int | np.ndarray,
+               num_padding: int | np.ndarray, num_padding_rows: int | np.ndarray,
+               num_waiting: int | np.ndarray, kv_used: np.ndarray, series: Any,
+               regular_itl: int | np.ndarray, *, kv_live_tokens: np.ndarray | None = None,
+               kv_cached_blocks: np.ndarray | int | None = None) -> None:
+        """Append ``len(starts)`` skipped decode steps in one go (no recompute, no swaps); each
+        count is one value for every step or an array of one per step."""
         c, k = self.cols, len(starts)
         for name, value in (
                 ("kv_live_tokens", 0 if kv_live_tokens is None else kv_live_tokens),

@@ -1,0 +1,126 @@
+"""Exact event skipping of a run-to-completion batch: its decode steps, finishes included.
+
+A static or dynamic batch in flight (``Plan.on_finish="pad"``, ``ignores_arrivals``) runs the
+same rows step after step: a member that finishes keeps its row as a one-token padding row
+at the context it would have had, and nobody joins. With a cost model that costs a pure-decode
+batch by its multiset of contexts (``skipping.multiset_costed``), every step of the run is one
+series over all its rows, and the run up to its last finish is one event: ``plan_batch_run``
+finds how far it goes, ``commit_batch_run`` applies it as stepping would have, step by step in
+numpy (who is still running, the KV each step held, live tokens, the queue each step saw) and
+request by request (its tokens, its finish at its own step's end, its blocks released there).
+
+It stops early (and ``continue_skip`` or the policy takes over) at the first of: growth the
+free blocks could not hold even without the finishers' releases, ``MAX_SKIP_STEPS``, the step
+at whose end the limit (the horizon, or the time a driven replica is advanced to) has come.
+Without a prefix cache only: a finisher's blocks would join prefix chains.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.core.rules import blocks_for, blocks_needed
+from sim.core.types import BatchShape, Plan
+from sim.cost.base import StepSeries, step_series
+from sim.engine.skipping import MAX_SKIP_STEPS, blocks_grown, multiset_costed, take_arrivals
+
+if TYPE_CHECKING:
+    from sim.engine.replica import Replica
+
+
+def covers(rep: Replica, plan: Plan) -> bool:
+    """Whether ``plan`` is a batch run this module skips in one event."""
+    return (plan.on_finish == "pad" and rep.pool.cache is None
+            and multiset_costed(rep.cost))
+
+
+def plan_batch_run(rep: Replica, plan: Plan, shape: BatchShape, now: float, limit: float
+                   ) -> tuple | None:
+    """How far the batch run of ``plan`` goes from ``now`` (``shape``: the step before), with
+    its costs: ``(series, ends, computed, held, remaining, now)``, or ``None`` when there is
+    nothing to skip."""
+    running = rep.running
+    seqs = []
+    for sid in plan.run:
+        seq = running.get(sid)
+        if seq is None or seq.req.num_prompt_tokens + seq.num_generated - seq.num_computed != 1:
+            return None
+        seqs.append(seq)
+    if limit <= now:
+        return None
+    n = len(seqs)
+    remaining = np.fromiter((s.req.num_output_tokens - s.num_generated for s in seqs),
+                            np.int64, n)
+    computed = np.fromiter((s.num_computed for s in seqs), np.int64, n)
+    held = np.fromiter((s.num_blocks for s in seqs), np.int64, n)
+    k = min(MAX_SKIP_STEPS, int(remaining.max()))
+    cfg = rep.pool.config
+    if not cfg.unlimited:
+        bs, free = cfg.block_size, rep.pool.view_free
+
+        def need(steps: int) -> int:  # growth through ``steps``, finishers stopping at theirs
+            grown = blocks_for(computed + np.minimum(remaining, steps), bs) - held
+            return int(np.maximum(grown, 0).sum())
+
+        if need(k) > free:  # largest k whose growth fits: need() is monotone in k
+            lo, hi = 0, k
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if need(mid) <= free else (lo, mid - 1)
+            k = lo
+    if k < 1:
+        return None
+    base = BatchShape(shape.new_tokens, shape.context_lens + 1, shape.num_padding_tokens)
+    series = step_series(rep.cost, base, k)
+    ends = np.cumsum(np.concatenate(([now], series.seconds)))[1:]
+    if ends[-1] >= limit:
+        ends = ends[:int(np.searchsorted(ends, limit, side="left")) + 1]
+    return series, ends, computed, held, remaining, now
+
+
+def commit_batch_run(rep: Replica, plan: Plan, series: StepSeries, ends: np.ndarray,
+                     computed: np.ndarray, held: np.ndarray, remaining: np.ndarray,
+                     start: float) -> None:
+    """Apply ``len(ends)`` steps of the batch run and log each of them."""
+    k, n = len(ends), len(plan.run)
+    pool = rep.pool
+    bs = pool.config.block_size
+    starts = np.concatenate(([start], ends[:-1]))
+    seconds = ends - starts  # a step's duration is its clock interval, as stepping records it
+    last = np.minimum(remaining, k)  # the step each row runs to in this stretch
+
+    def before(weights: np.ndarray) -> np.ndarray:
+        """Per step, the sum of ``weights`` over the rows that left before it (a row whose
+        ``last`` is ``k`` leaves after the stretch, if at all)."""
+        return np.cumsum(np.bincount(last, weights=weights, minlength=k + 1))[:k].astype(
+            np.int64)
+
+    alive = n - before(np.ones(n))
+    grown = blocks_grown(computed, held, bs, k, last)  # given out up to each step
+    final = np.maximum(blocks_for(computed + last, bs) - held, 0)  # each row's growth
+    used = pool.used + grown - before((held + final).astype(np.float64))  # held while it ran
+    # live tokens: every running request's, less those of the rows gone, plus the steps'
+    live = rep.live_tokens() - before(computed.astype(np.float64)) + alive * np.arange(1, k + 1)
+    worst = np.maximum.accumulate(seconds)  # each row's longest gap: its run's longest step
+    peak = max(pool.peak_used, int(used.max()))
+    running = rep.running
+    batch = [running[sid] for sid in plan.run]
+    slab = pool.config.allocator == "slab"
+    settle = rep.settle
+    for i in np.argsort(last, kind="stable").tolist():  # finishes in time order
+        seq, j = batch[i], int(last[i])
+        seq.skip(j, float(ends[j - 1]), float(worst[j - 1]))
+        if slab:
+            pool.grow(seq, seq.num_computed)
+        else:
+            need = blocks_needed(seq.num_computed, 0, seq.num_blocks, bs)
+            if need:
+                pool.take_for(seq, need)
+        settle(seq, float(ends[j - 1]))
+    pool.peak_used = peak  # growth was taken row by row: the peak is the steps' own
+    pad = len(plan.padding) + n - alive
+    rep.log.extend(rep.index, starts, seconds, alive, alive, pad, pad, take_arrivals(rep, starts),
+                   used, series, alive, kv_live_tokens=live, kv_cached_blocks=0)
+    if rep.checks:
+        rep.check_invariants()
