@@ -24,8 +24,7 @@ import numpy as np
 
 from sim.core.rules import blocks_for, watermark_blocks
 from sim.core.scheduling import COMPOSITIONS, ORDERS, VICTIMS, SchedulingSpec
-from sim.cost.base import ConstantCost, LinearCost
-from sim.cost.roofline import RooflineCost
+from sim.engine.coverage import cost_kind
 from sim.engine.replica import never_fits
 from sim.engine.validate import EngineError
 from sim.kv.config import KVConfig
@@ -40,19 +39,15 @@ ZERO_COLUMNS = frozenset({"replica", "num_padding_tokens", "num_padding_rows",
                           "kv_cached_blocks", "swap_s", "swapped_bytes"})
 #: Rows the step log and the irregular-gap log start with (each doubles when full).
 INITIAL_LOG_ROWS, INITIAL_IRREGULAR_ROWS = 1 << 16, 4096
+#: Requests per replica from which ``simulate`` takes the interpreter (``fast_path=True``):
+#: below it, loading numba and the cached loop (about half a second) costs more than the
+#: general engine spends (measured: docs/performance.md).
+COMPILED_MIN_REQUESTS = 2000
 #: Steps between two looks at the wall clock when the run has a wall-clock budget.
 DEADLINE_STEPS = 4096
 
 _STATUS = np.array(["waiting", "running", "finished", "rejected"], dtype=object)
 _BIG = 1 << 62
-
-
-def cost_kind(cost: Any) -> int:
-    """The interpreter's code for a cost model (``compiled_cost.ROOFLINE`` 0, ``CONSTANT`` 1,
-    ``LINEAR`` 2), -1 for one it cannot cost (read without importing numba)."""
-    if isinstance(cost, RooflineCost):
-        return 0 if cost.model.sliding_window is None else -1
-    return {ConstantCost: 1, LinearCost: 2}.get(type(cost), -1)
 
 
 class Outcomes:
