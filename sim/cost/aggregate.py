@@ -28,6 +28,7 @@ from sim.cost.roofline_terms import (
     assemble_step,
     attention_ops,
     decode_unit_s,
+    dense_constants,
     prefill_peak_eff,
     prefill_unit_s,
 )
@@ -64,7 +65,7 @@ class AggregateSteps:
     _terms: tuple[float, ...]  # ``attention_terms()``: the slots of ``roofline_terms.A_*``
     _step_memo: dict[tuple[float, int], tuple[Any, ...]]  # (T, rows) -> dense constants, ...
     _assemble: Callable[[float, int, tuple[Any, ...]], StepCost]
-    _dense: Callable[[float, int], tuple[Any, ...]]
+    _g: tuple[float, ...]  # ``dense_terms()``: the slots of ``roofline_terms.G_*``
     _decode_tail_s: Callable[[float, float], float]
 
     def prefill_step(self, prompts: tuple[int, ...]) -> StepCost:
@@ -285,33 +286,11 @@ class AggregateSteps:
         return self.dense_constants(float(rows), rows)
 
     def dense_constants(self, T: float, rows: int) -> tuple[float, ...]:
-        """The parts of ``step`` for ``T`` tokens in ``rows`` rows that attention does not touch, as
-        partial sums in ``step``'s order of operations (from ``_dense``): 21 numbers, in the order
-        ``decode_step``'s closure unpacks them (``sim.engine.kernel_loop`` indexes them). With them,
-        a step whose attention is one operator is a handful of operations
-        (``assemble_one_attention``)."""
-        p, L = self.params, self.model.num_layers
-        lat = p.kernel_latency_s
-        dense_secs, before, norms, comm, emb, lm_head, overhead = self._dense(T, rows)
-        secs = dict(dense_secs)
-        s3 = secs["qkv_proj"] * L + secs["o_proj"] * L + secs["mlp"] * L
-        t_norm = max(norms[0], norms[1]) + 4 * lat
-        elem = norms[3]
-        secs.clear()
-        tally = [0.0, 0.0, 0.0, 0.0]
-        for name, (tc, tm, f, b) in (("embedding", emb), ("lm_head", lm_head)):  # as ``add``
-            t = max(tc, tm) + lat
-            secs[name] = 0.0 + t
-            tally[0 if tc > tm else 1] += t
-            tally[2] += f
-            tally[3] += b
-        att_lat = p.attention_latency_s + lat
-        c0, m0 = before[0], before[1]
-        return (s3, *before, att_lat, t_norm, elem, t_norm * L, comm * L,
-                secs["embedding"], secs["lm_head"], overhead, *tally,
-                rows * p.attention_row_tokens, rows * (self._kv_bytes_tok_layer
-                                                       + self._q_bytes_tok),
-                ((m0 + att_lat) + t_norm) * L + tally[1], c0 * L + tally[0])
+        """The parts of ``step`` for ``T`` tokens in ``rows`` rows that attention does not
+        touch, as partial sums in ``step``'s order of operations: the 21 numbers of
+        ``roofline_terms.dense_constants`` (slots ``D_*``), from the model's dense terms. With
+        them, a step's cost is its attention operators and ``assemble_step``."""
+        return dense_constants(self._g, float(T), rows)
 
     def prefill_cost(self, prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
         """``(seconds, flops, bytes, bound)`` of ``prefill_step(prompts)`` without building its

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
@@ -44,11 +44,14 @@ from sim.cost.roofline_terms import (
     D_NORMS_L,
     D_OVERHEAD,
     NUM_ATTENTION_TERMS,
+    NUM_DENSE_TERMS,
+    allreduce_s,
     assemble_step,
     attention_ops,
     attention_seconds,
     decode_tail_s,
     decode_unit_s,
+    dense_gemms,
     overhead_s,
     prefill_peak_eff,
     prefill_unit_s,
@@ -131,26 +134,11 @@ def _calibration_value(cal: object, key: str, default: float) -> float:
     return default if value is None else value
 
 
-def _operator_adder(secs: dict[str, float], tally: list[float], lat: float):  # noqa: ANN202
-    """``add(name, (compute s, memory s, flops, bytes), kernels=1)``: one operator's time
-    ``max(compute, memory) + kernels × latency`` added to ``secs[name]`` and to the compute-
-    or memory-bound tally, its flops and bytes to theirs (the accounting ``step`` does)."""
-
-    def add(name: str, op: tuple[float, float, float, float], kernels: int = 1) -> None:
-        tc, tm, f, b = op
-        t = max(tc, tm) + kernels * lat
-        secs[name] = secs.get(name, 0.0) + t
-        tally[0 if tc > tm else 1] += t
-        tally[2] += f
-        tally[3] += b
-
-    return add
-
-
 def allreduce_seconds(alpha_s: float, n: int, msg_bytes: float, bus_bytes_per_s: float
                       ) -> float:
-    """One ring all-reduce of ``msg_bytes`` over ``n`` GPUs: ``α + 2(n−1)/n · bytes / bus``."""
-    return alpha_s + 2 * (n - 1) / n * msg_bytes / bus_bytes_per_s
+    """One ring all-reduce of ``msg_bytes`` over ``n`` GPUs: ``α + 2(n−1)/n · bytes / bus``
+    (``roofline_terms.allreduce_s``)."""
+    return allreduce_s(alpha_s, n, msg_bytes, bus_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -186,8 +174,6 @@ class RooflineCost(AggregateSteps, ShapeCost):
     _bw: float = field(init=False, repr=False, compare=False)  # effective HBM bytes/s
     _bus: float = field(init=False, repr=False, compare=False)  # all-reduce bus bytes/s
     _alpha: float = field(init=False, repr=False, compare=False)  # all-reduce latency (s)
-    _dense_memo: dict[tuple[float, int], tuple[Any, ...]] = field(init=False, repr=False,
-                                                                  compare=False)
 
     def __post_init__(self) -> None:
         m, tp, p = self.model, self.tp, self.params
@@ -235,7 +221,16 @@ class RooflineCost(AggregateSteps, ShapeCost):
         setf(self, "_terms", terms)  # ``attention_terms()``, named by ``roofline_terms.A_*``
         setf(self, "_step_memo", {})  # (T, rows) -> (dense constants, breakdown base)
         setf(self, "_decode_consts", {})  # rows -> ``decode_constants(rows)``
-        setf(self, "_dense_memo", {})  # (T, rows) -> ``_dense(T, rows)``
+        g_qkv, g_o, g_up, g_down = self._gemms
+        dense = (p.kernel_latency_s, peak, self._bw, wb, p.compute_eff_max, p.compute_m_half,
+                 g_qkv.n, g_qkv.k, g_o.n, g_o.k, g_up.n, g_up.k, g_down.n, g_down.k,
+                 1.0 if m.is_moe else 0.0, float(m.num_experts or 1), float(m.top_k or 1),
+                 float(m.hidden_size), self._q_bytes_tok, float(tp), self._alpha, bus,
+                 p.allreduce_floor_s, m.vocab_size / tp, p.per_step_s, p.per_seq_s,
+                 p.per_layer_launch_s, float(m.num_layers), p.attention_latency_s,
+                 p.attention_row_tokens, self._kv_bytes_tok_layer)
+        assert len(dense) == NUM_DENSE_TERMS
+        setf(self, "_g", dense)  # ``dense_terms()``, named by ``roofline_terms.G_*``
         setf(self, "_prefill_consts", {})  # (T, rows) -> ``dense_constants(T, rows)``
         setf(self, "_decode_fn", [])  # the ``decode_step_function`` closure, once built
 
@@ -253,15 +248,6 @@ class RooflineCost(AggregateSteps, ShapeCost):
         """Fraction of peak a GEMM with ``m`` token rows reaches: saturating in ``m``."""
         p = self.params
         return p.compute_eff_max * m / (m + p.compute_m_half)
-
-    def _gemm(self, m: float, g: _Gemm, experts: float = 1.0, m_rows: float | None = None
-              ) -> tuple[float, float, float, float]:
-        """(compute s, memory s, flops, bytes) of ``m`` tokens through ``g``; MoE reads
-        ``experts`` weight sets and each expert GEMM sees ``m_rows`` tokens on average."""
-        flops = 2.0 * m * g.n * g.k
-        nbytes = experts * g.n * g.k * self._wb + m * (g.n + g.k) * _ACT_BYTES
-        eff = self.compute_eff(m if m_rows is None else m_rows)
-        return flops / (self._peak * eff), nbytes / self._bw, flops, nbytes
 
     @overload
     def _decode_unit_s(self, c: float) -> float: ...
@@ -367,50 +353,10 @@ class RooflineCost(AggregateSteps, ShapeCost):
         return overhead_s(p.per_step_s, p.per_seq_s, p.per_layer_launch_s, rows,
                           self.model.num_layers)
 
-    def _dense(self, T: float, rows: int) -> tuple:
-        """The parts of ``step`` attention does not touch, for ``T`` tokens in ``rows`` rows:
-        the GEMMs' seconds and tallies, the norms, the all-reduce, the embedding and LM head
-        operators and the overhead (memoized: they depend on nothing else)."""
-        key = (T, rows)
-        dense = self._dense_memo.get(key)
-        if dense is not None:
-            return dense
-        p, m = self.params, self.model
-        lat = p.kernel_latency_s
-        secs: dict[str, float] = {}
-        tally = [0.0, 0.0, 0.0, 0.0]
-        add = _operator_adder(secs, tally, lat)
-
-        g_qkv, g_o, g_up, g_down = self._gemms
-        add("qkv_proj", self._gemm(T, g_qkv))
-        add("o_proj", self._gemm(T, g_o))
-        if m.is_moe:  # expected distinct experts T tokens touch with top-k routing
-            e, k = m.num_experts, m.top_k
-            touched = e * (1.0 - (1.0 - k / e) ** T)
-            add("mlp", self._gemm(T * k, g_up, touched, T * k / touched))
-            add("mlp", self._gemm(T * k, g_down, touched, T * k / touched))
-        else:
-            add("mlp", self._gemm(T, g_up))
-            add("mlp", self._gemm(T, g_down))
-        # two norms (+ residual), rope, activation: read+write activations, memory-bound
-        h = m.hidden_size
-        elem = T * _ACT_BYTES * (6 * h + self._q_bytes_tok / _ACT_BYTES + 3 * g_down.k)
-        norms = (0.0, elem / self._bw, 0.0, elem)
-        comm = 0.0
-        if self.tp > 1:  # Megatron TP: one all-reduce after attention, one after the MLP
-            # the kernel-level time, or the engine's framework-level floor when that is longer
-            one = allreduce_seconds(self._alpha, self.tp, T * h * _ACT_BYTES, self._bus)
-            comm = 2 * max(one, p.allreduce_floor_s)
-        # embedding gather, then the LM head for the one sampling position per row
-        emb = T * h * self._wb
-        lm_head = self._gemm(float(rows), _Gemm("lm_head", m.vocab_size / self.tp, h))
-        overhead = self._overhead(rows)
-        dense = (tuple(secs.items()), tuple(tally), norms, comm,
-                 (0.0, emb / self._bw, 0.0, emb), lm_head, overhead)
-        if len(self._dense_memo) > 1 << 16:  # bound the memo
-            self._dense_memo.clear()
-        self._dense_memo[key] = dense
-        return dense
+    def dense_terms(self) -> tuple[float, ...]:
+        """The model constants the parts of a step attention does not touch read, in the slots
+        of ``sim.cost.roofline_terms`` (``G_*``): ``dense_constants`` is computed from them."""
+        return self._g
 
     def _assemble(self, T: float, rows: int,
                   ops: tuple[int, float, float, float, float, float, float, float, float]
@@ -422,10 +368,11 @@ class RooflineCost(AggregateSteps, ShapeCost):
         if memo is None:
             if len(self._step_memo) > 1 << 16:  # bound the memo
                 self._step_memo.clear()
-            dense_secs = self._dense(T, rows)[0]
             d = self.dense_constants(T, rows)
             L = self.model.num_layers
-            memo = self._step_memo[key] = (d, tuple((n, t * L) for n, t in dense_secs))
+            t_qkv, t_o, t_mlp = dense_gemms(self._g, T)[:3]
+            memo = self._step_memo[key] = (d, (("qkv_proj", t_qkv * L), ("o_proj", t_o * L),
+                                               ("mlp", t_mlp * L)))
         d, dense_part = memo
         L, tp = self.model.num_layers, self.tp
         seconds, flops, nbytes, code = assemble_step(d, *ops, L, tp)

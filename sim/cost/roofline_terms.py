@@ -53,6 +53,33 @@ D_EMB_S, D_LM_S = 10, 11  # embedding and LM head seconds
 D_OVERHEAD = 12  # the engine's CPU-side seconds
 D_C2, D_M2, D_F2, D_B2 = 13, 14, 15, 16  # embedding + LM head compute s, memory s, flops, bytes
 
+D_ROWS_ROW_TOK, D_ROWS_KQ = 17, 18  # rows × row tokens; rows × (KV + query bytes)
+D_MEMORY_IF_COMPUTE, D_COMPUTE_IF_MEMORY = 19, 20  # the other tally of a one-operator step
+NUM_DENSE = 21
+
+# -- slots of the dense terms (``RooflineCost.dense_terms``): the model on its GPUs -----------
+G_LAT = 0  # kernel launch latency (s)
+G_PEAK = 1  # one GPU's dense FLOP/s for the weight dtype
+G_BW = 2  # effective HBM bytes/s of the GEMMs
+G_WB = 3  # weight bytes per parameter
+G_EFF_MAX, G_M_HALF = 4, 5  # GEMM efficiency: saturating in token rows
+G_QKV_N, G_QKV_K, G_O_N, G_O_K = 6, 7, 8, 9  # per-GPU GEMM shapes (outputs, inputs)
+G_UP_N, G_UP_K, G_DOWN_N, G_DOWN_K = 10, 11, 12, 13
+G_MOE, G_EXPERTS, G_TOP_K = 14, 15, 16  # 1.0 for a mixture of experts; experts; top-k
+G_HIDDEN = 17  # hidden size
+G_Q_BYTES = 18  # query and output bytes per token and layer
+G_TP = 19  # tensor-parallel degree
+G_ALPHA, G_BUS, G_AR_FLOOR = 20, 21, 22  # all-reduce latency (s), bus bytes/s, floor (s)
+G_LM_N = 23  # LM head outputs per GPU (vocabulary / TP)
+G_PER_STEP, G_PER_SEQ, G_PER_LAYER = 24, 25, 26  # the engine's overhead terms (s)
+G_LAYERS = 27  # layers
+G_ATT_LAT = 28  # attention kernel latency (s), before the KV-cache write
+G_ROW_TOK, G_KVT = 29, 30  # per-row work in tokens; KV bytes per token and layer
+NUM_DENSE_TERMS = 31
+
+#: Activation bytes (bf16/fp16 whatever the weight format).
+ACT_BYTES = 2.0
+
 #: Bound names by code (``assemble_step``'s last result).
 BOUND_NAMES = ("compute", "memory", "comm", "overhead")
 BOUND_COMPUTE, BOUND_MEMORY, BOUND_COMM, BOUND_OVERHEAD = 0, 1, 2, 3
@@ -191,3 +218,83 @@ def overhead_s(per_step_s: float, per_seq_s: float, per_layer_launch_s: float, r
                num_layers: int) -> float:
     """The engine's CPU-side seconds of a step of ``rows`` rows."""
     return per_step_s + per_seq_s * rows + per_layer_launch_s * num_layers
+
+
+def gemm_op(g: Sequence[float], m: float, n: float, k: float, experts: float, m_rows: float
+            ) -> tuple[float, float, float, float]:
+    """``(compute s, memory s, flops, bytes)`` of ``m`` tokens through an ``n × k`` weight
+    GEMM; a mixture of experts reads ``experts`` weight sets and each expert GEMM sees
+    ``m_rows`` tokens on average (few rows cannot fill the tensor cores)."""
+    flops = 2.0 * m * n * k
+    nbytes = experts * n * k * g[G_WB] + m * (n + k) * ACT_BYTES
+    eff = g[G_EFF_MAX] * m_rows / (m_rows + g[G_M_HALF])
+    return flops / (g[G_PEAK] * eff), nbytes / g[G_BW], flops, nbytes
+
+
+def allreduce_s(alpha_s: float, n: float, msg_bytes: float, bus_bytes_per_s: float) -> float:
+    """One ring all-reduce of ``msg_bytes`` over ``n`` GPUs: ``α + 2(n−1)/n · bytes / bus``."""
+    return alpha_s + 2 * (n - 1) / n * msg_bytes / bus_bytes_per_s
+
+
+def tally_op(c: float, m: float, f: float, b: float, tc: float, tm: float, fo: float,
+             bo: float, lat: float) -> tuple[float, float, float, float, float]:
+    """One operator ``(tc, tm, fo, bo)`` taking ``max(compute, memory) + lat`` seconds, added
+    to the compute- or memory-bound seconds ``c``/``m`` and the flops and bytes ``f``/``b``;
+    returns its seconds and the new tallies."""
+    t = (tc if tc >= tm else tm) + lat
+    if tc > tm:
+        c += t
+    else:
+        m += t
+    return t, c, m, f + fo, b + bo
+
+
+def dense_gemms(g: Sequence[float], T: float) -> tuple[float, float, float, float, float,
+                                                       float, float]:
+    """One layer's weight GEMMs for ``T`` tokens: seconds of the QKV projection, the O
+    projection and the MLP, then the compute-bound and memory-bound seconds, flops and bytes
+    they add (each operator takes ``max(compute, memory) + latency``)."""
+    lat = g[G_LAT]
+    experts, tokens, rows_up = 1.0, T, T
+    if g[G_MOE] != 0.0:  # expected distinct experts T tokens touch with top-k routing
+        e, k = g[G_EXPERTS], g[G_TOP_K]
+        experts = e * (1.0 - (1.0 - k / e) ** T)
+        tokens = T * k
+        rows_up = tokens / experts
+    tc, tm, fo, bo = gemm_op(g, T, g[G_QKV_N], g[G_QKV_K], 1.0, T)
+    t_qkv, c, m, f, b = tally_op(0.0, 0.0, 0.0, 0.0, tc, tm, fo, bo, lat)
+    tc, tm, fo, bo = gemm_op(g, T, g[G_O_N], g[G_O_K], 1.0, T)
+    t_o, c, m, f, b = tally_op(c, m, f, b, tc, tm, fo, bo, lat)
+    tc, tm, fo, bo = gemm_op(g, tokens, g[G_UP_N], g[G_UP_K], experts, rows_up)
+    t_up, c, m, f, b = tally_op(c, m, f, b, tc, tm, fo, bo, lat)
+    tc, tm, fo, bo = gemm_op(g, tokens, g[G_DOWN_N], g[G_DOWN_K], experts, rows_up)
+    t_down, c, m, f, b = tally_op(c, m, f, b, tc, tm, fo, bo, lat)
+    return 0.0 + t_qkv, 0.0 + t_o, (0.0 + t_up) + t_down, c, m, f, b
+
+
+def dense_constants(g: Sequence[float], T: float, rows: int) -> tuple[float, ...]:
+    """The parts of a step of ``T`` tokens in ``rows`` rows that attention does not touch, as
+    partial sums in the step's order of operations, in the slots ``D_*``: the GEMMs, the norms
+    (memory-bound), the all-reduce, the embedding gather and the LM head (one sampling
+    position per row), and the engine overhead."""
+    L, lat, bw, h = g[G_LAYERS], g[G_LAT], g[G_BW], g[G_HIDDEN]
+    t_qkv, t_o, t_mlp, c0, m0, f0, b0 = dense_gemms(g, T)
+    s3 = t_qkv * L + t_o * L + t_mlp * L
+    # two norms (+ residual), rope, activation: read+write activations, memory-bound
+    elem = T * ACT_BYTES * (6 * h + g[G_Q_BYTES] / ACT_BYTES + 3 * g[G_DOWN_K])
+    t_norm = elem / bw
+    t_norm = (0.0 if 0.0 >= t_norm else t_norm) + 4 * lat
+    comm = 0.0
+    if g[G_TP] > 1:  # Megatron TP: one all-reduce after attention, one after the MLP
+        one = allreduce_s(g[G_ALPHA], g[G_TP], T * h * ACT_BYTES, g[G_BUS])
+        comm = 2 * (one if one >= g[G_AR_FLOOR] else g[G_AR_FLOOR])
+    emb = T * h * g[G_WB]  # the embedding gather, then the LM head (one row per sequence)
+    t_emb, c2, m2, f2, b2 = tally_op(0.0, 0.0, 0.0, 0.0, 0.0, emb / bw, 0.0, emb, lat)
+    tc, tm, fl, bl = gemm_op(g, float(rows), g[G_LM_N], h, 1.0, float(rows))
+    t_lm, c2, m2, f2, b2 = tally_op(c2, m2, f2, b2, tc, tm, fl, bl, lat)
+    overhead = overhead_s(g[G_PER_STEP], g[G_PER_SEQ], g[G_PER_LAYER], rows, int(L))
+    att_lat = g[G_ATT_LAT] + lat
+    return (s3, c0, m0, f0, b0, att_lat, t_norm, elem, t_norm * L, comm * L, 0.0 + t_emb,
+            0.0 + t_lm, overhead, c2, m2, f2, b2, rows * g[G_ROW_TOK],
+            rows * (g[G_KVT] + g[G_Q_BYTES]), ((m0 + att_lat) + t_norm) * L + m2,
+            c0 * L + c2)

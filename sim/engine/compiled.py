@@ -97,18 +97,15 @@ class CompiledReplica:
             [cost.step_s, 0.0, 0.0] if kind == 1 else
             [cost.base_s, cost.per_token_s, cost.per_seq_s] if kind == 2 else [0.0] * 3)
         self.terms = np.array(cost.attention_terms() if roofline else [0.0], dtype=np.float64)
-        from sim.engine.compiled_cost import TABLE_SLOTS
-        slots = TABLE_SLOTS if roofline else 1
-        self.tkeys = np.full(slots, -1, dtype=np.int64)
-        self.tvals = np.empty((slots, 21))
-        self.tcount = np.zeros(1, dtype=np.int64)
+        self.dense = np.array(cost.dense_terms() if roofline else [0.0], dtype=np.float64)
         rows = spec.max_num_seqs + 2
         self.running = np.empty(rows, dtype=np.int64)
         self.plan_idx = np.empty(rows, dtype=np.int64)
         self.plan_n = np.empty(rows, dtype=np.int64)
         self.pre_idx = np.empty(rows, dtype=np.int64)
-        self.req_i = np.zeros((loop_rows(loop)[0], 0), dtype=np.int64)
-        self.req_f = np.zeros((loop_rows(loop)[1], 0))
+        # one row per request (its fields side by side: one cache line per request a step)
+        self.req_i = np.zeros((0, loop_rows(loop)[0]), dtype=np.int64)
+        self.req_f = np.zeros((0, loop_rows(loop)[1]))
         self.hkeys, self.hranks = np.empty(0), np.empty(0, dtype=np.int64)
         self.hitems, self.pending = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         self.log_i = np.empty((INITIAL_LOG_ROWS, len(INT_COLUMNS)), dtype=np.int64)
@@ -145,19 +142,19 @@ class CompiledReplica:
         out = np.asarray(out, dtype=np.int64)
         pri = np.zeros(m, dtype=np.int64) if priority is None else np.asarray(priority,
                                                                                  np.int64)
-        ri[cp.RI_PROMPT, k:], ri[cp.RI_OUT, k:], ri[cp.RI_PRIORITY, k:] = prompt, out, pri
-        ri[cp.RI_STATUS, k:] = self.loop.WAITING
+        ri[k:, cp.RI_PROMPT], ri[k:, cp.RI_OUT], ri[k:, cp.RI_PRIORITY] = prompt, out, pri
+        ri[k:, cp.RI_STATUS] = self.loop.WAITING
         arrival = np.asarray(arrival_s, dtype=np.float64)
-        rf[cp.RF_ARRIVAL, k:] = arrival
+        rf[k:, cp.RF_ARRIVAL] = arrival
         spec = self.spec
         if spec.order == "edf" or spec.victim == "deadline":
-            rf[cp.RF_DEADLINE, k:] = [a + spec.target_s(int(q)) for a, q in
+            rf[k:, cp.RF_DEADLINE] = [a + spec.target_s(int(q)) for a, q in
                                       zip(arrival.tolist(), pri.tolist(), strict=True)]
         for name in ("RF_FIRST_SCHED", "RF_FIRST_TOKEN", "RF_LAST_TOKEN", "RF_FINISH"):
-            rf[getattr(cp, name), k:] = math.nan
+            rf[k:, getattr(cp, name)] = math.nan
         for j, why in entry_rejections(prompt, out, self.kv, self.budget,
                                        self.max_model_len).items():
-            ri[cp.RI_ENTRY, k + j] = self.loop.ON_ARRIVAL
+            ri[k + j, cp.RI_ENTRY] = self.loop.ON_ARRIVAL
             self.entry_reason[k + j] = why
         self.st_i[self.loop.S_KNOWN] = n
 
@@ -170,34 +167,29 @@ class CompiledReplica:
         ``deadline``, a ``time.perf_counter`` value); returns the loop's code
         (``compiled_loop.DONE``, ``PAUSED``, ``IDLE``)."""
         loop = self.loop
-        from sim.engine import compiled_cost
         steps = DEADLINE_STEPS if deadline is not None else _BIG
-        compiled_cost.activate(self.cost)
-        try:
-            while True:
-                code = loop.run(self.req_i, self.req_f, self.running, self.hkeys, self.hranks,
-                                self.hitems, self.pending, self.plan_idx, self.plan_n,
-                                self.pre_idx, self.params_i, self.params_f, self.analytic,
-                                self.terms, self.tkeys, self.tvals, self.tcount, self.log_i,
-                                self.log_f, self.log_b, self.irr, self.irr_count, self.st_i,
-                                self.st_f, float(t), steps)
-                if code == loop.LOG_FULL:
-                    if self.on_log_full is not None and self.on_log_full(self):
-                        continue
-                    rows = 2 * len(self.log_i)
-                    self.log_i.resize((rows, len(INT_COLUMNS)), refcheck=False)
-                    self.log_f.resize((rows, len(FLOAT_COLUMNS)), refcheck=False)
-                    self.log_b.resize(rows, refcheck=False)
-                elif code == loop.IRR_FULL:
-                    self.irr.resize((2 * len(self.irr), 2), refcheck=False)
-                    self.irr_count.resize(len(self.irr), refcheck=False)
-                elif code == loop.PAUSED and deadline is not None and self.now <= t:
-                    if time.perf_counter() > deadline:
-                        return loop.DONE  # wall-clock budget spent: the run ends here
-                else:
-                    break
-        finally:
-            compiled_cost.deactivate()
+        while True:
+            code = loop.run(self.req_i, self.req_f, self.running, self.hkeys, self.hranks,
+                            self.hitems, self.pending, self.plan_idx, self.plan_n,
+                            self.pre_idx, self.params_i, self.params_f, self.analytic,
+                            self.terms, self.dense, self.log_i, self.log_f, self.log_b,
+                            self.irr, self.irr_count, self.st_i, self.st_f, float(t),
+                            steps)
+            if code == loop.LOG_FULL:
+                if self.on_log_full is not None and self.on_log_full(self):
+                    continue
+                rows = 2 * len(self.log_i)
+                self.log_i.resize((rows, len(INT_COLUMNS)), refcheck=False)
+                self.log_f.resize((rows, len(FLOAT_COLUMNS)), refcheck=False)
+                self.log_b.resize(rows, refcheck=False)
+            elif code == loop.IRR_FULL:
+                self.irr.resize((2 * len(self.irr), 2), refcheck=False)
+                self.irr_count.resize(len(self.irr), refcheck=False)
+            elif code == loop.PAUSED and deadline is not None and self.now <= t:
+                if time.perf_counter() > deadline:
+                    return loop.DONE  # wall-clock budget spent: the run ends here
+            else:
+                break
         if code == loop.STALLED:
             raise EngineError(
                 f"policy {self.name!r} stalled at t={self.now:.6f}s: empty plan, no "
@@ -223,11 +215,14 @@ class CompiledReplica:
         from sim.engine import compiled_plan as cp
 
         n, loop = self.num_requests, self.loop
-        ri, rf = self.req_i[:, :n], self.req_f[:, :n]
+        ri, rf = self.req_i[:n].T, self.req_f[:n].T  # one row per field
         res = Outcomes(0)
-        res.first_scheduled_s, res.first_token_s = rf[cp.RF_FIRST_SCHED], rf[cp.RF_FIRST_TOKEN]
-        res.finish_s, res.max_itl_s = rf[cp.RF_FINISH], rf[cp.RF_MAX_ITL]
-        res.num_preemptions, res.num_generated = ri[cp.RI_NPRE], ri[cp.RI_GENERATED]
+        res.first_scheduled_s = np.ascontiguousarray(rf[cp.RF_FIRST_SCHED])
+        res.first_token_s = np.ascontiguousarray(rf[cp.RF_FIRST_TOKEN])
+        res.finish_s = np.ascontiguousarray(rf[cp.RF_FINISH])
+        res.max_itl_s = np.ascontiguousarray(rf[cp.RF_MAX_ITL])
+        res.num_preemptions = np.ascontiguousarray(ri[cp.RI_NPRE])
+        res.num_generated = np.ascontiguousarray(ri[cp.RI_GENERATED])
         res.status = _STATUS[ri[cp.RI_STATUS]].tolist()
         reason = [""] * n
         limit = self.kv.max_preemptions
@@ -260,9 +255,9 @@ def loop_rows(loop: Any) -> tuple[int, int]:
 
 
 def _grow(arr: np.ndarray, n: int) -> np.ndarray:
-    """``arr`` with room for ``n`` requests (columns), the existing ones kept."""
-    out = np.zeros((arr.shape[0], n), dtype=arr.dtype)
-    out[:, :arr.shape[1]] = arr
+    """``arr`` with room for ``n`` requests (rows), the existing ones kept."""
+    out = np.zeros((n, arr.shape[1]), dtype=arr.dtype)
+    out[:len(arr)] = arr
     return out
 
 

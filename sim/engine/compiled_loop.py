@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from sim.engine.compiled_cost import (
+    KERNEL,
     ROOFLINE,
     blocks_for,
     blocks_needed,
@@ -53,7 +54,7 @@ from sim.engine.compiled_queue import order_key, push
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_compiled.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "be66f678f8151b2a561f55d39f6562aeb4e4d12f1e00fdf75622a5ba8afc2b11"
+RULES_SHA256 = "48cab7724223bac4e7addad214390453ae3bd484d33fa130f50abefacbd9032a"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py")
@@ -79,15 +80,15 @@ NUM_PARAMS_I = 16
 PF_HORIZON = 0
 # slots of the state ``st_i`` / ``st_f``
 (S_NXT, S_KNOWN, S_ACCEPTING, S_N_RUN, S_N_HEAP, S_N_PENDING, S_PRE_SEQ, S_USED, S_N_LOG,
- S_N_IRR, S_STAMP, S_QUEUED) = range(12)
-NUM_STATE_I = 12
+ S_N_IRR, S_STAMP, S_QUEUED, S_LIVE) = range(13)
+NUM_STATE_I = 13
 SF_NOW = 0
 # columns of the step log (``sim.engine.compiled.INT_COLUMNS`` / ``FLOAT_COLUMNS`` name them)
 L_SEQS, L_PREFILL, L_DECODE, L_RECOMPUTED, L_WAITING, L_USED, L_REGULAR, L_LIVE = range(8)
 L_START, L_DURATION, L_FLOPS, L_BYTES = range(4)
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def _irregular(irr: np.ndarray, irr_count: np.ndarray, n_irr: int, at: float, gap: float
                ) -> int:
     """``StepLog.add_irregular_itl`` of one token: merged with the last entry when time and
@@ -99,52 +100,53 @@ def _irregular(irr: np.ndarray, irr_count: np.ndarray, n_irr: int, at: float, ga
     return n_irr + 1
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def _requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
              params_i: np.ndarray, hkeys: np.ndarray, hranks: np.ndarray, hitems: np.ndarray,
              pending: np.ndarray, now: float) -> None:
     """``_preempt`` (recompute): drop ``v``'s KV and queue it first (the newest preempted
     leads), or reject it past ``kv.max_preemptions``; a recompute over a whole-prompt budget
     is rejected by the next plan, as the reference does."""
-    req_i[RI_COMPUTED, v] = 0
-    st_i[S_USED] -= req_i[RI_BLOCKS, v]
-    req_i[RI_BLOCKS, v] = 0
+    st_i[S_LIVE] -= req_i[v, RI_COMPUTED]
+    req_i[v, RI_COMPUTED] = 0
+    st_i[S_USED] -= req_i[v, RI_BLOCKS]
+    req_i[v, RI_BLOCKS] = 0
     limit = params_i[P_LIMIT]
-    if limit >= 0 and req_i[RI_NPRE, v] >= limit:
-        req_i[RI_NPRE, v] += 1
-        req_i[RI_STATUS, v], req_i[RI_REASON, v] = REJECTED, PREEMPTED_TOO_OFTEN
-        req_f[RF_FINISH, v] = now
+    if limit >= 0 and req_i[v, RI_NPRE] >= limit:
+        req_i[v, RI_NPRE] += 1
+        req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, PREEMPTED_TOO_OFTEN
+        req_f[v, RF_FINISH] = now
         return
-    req_i[RI_NPRE, v] += 1
-    req_i[RI_STATUS, v] = WAITING
-    unc = req_i[RI_PROMPT, v] + req_i[RI_GENERATED, v]
+    req_i[v, RI_NPRE] += 1
+    req_i[v, RI_STATUS] = WAITING
+    unc = req_i[v, RI_PROMPT] + req_i[v, RI_GENERATED]
     if params_i[P_WHOLE] and unc > params_i[P_MAX_TOKENS]:
         pending[st_i[S_N_PENDING]] = v
         st_i[S_N_PENDING] += 1
         return
     st_i[S_PRE_SEQ] += 1
     st_i[S_N_HEAP] = push(hkeys, hranks, hitems, st_i[S_N_HEAP],
-                          order_key(params_i[P_ORDER], unc, req_i[RI_PRIORITY, v],
-                                    req_f[RF_DEADLINE, v]), -st_i[S_PRE_SEQ], v)
+                          order_key(params_i[P_ORDER], unc, req_i[v, RI_PRIORITY],
+                                    req_f[v, RF_DEADLINE]), -st_i[S_PRE_SEQ], v)
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def _keep_running(req_i: np.ndarray, running: np.ndarray, n_run: int) -> int:
     """Drop the requests that left the running set (their status says so), keeping the
     admission order; returns the new count."""
     kept = 0
     for r in range(n_run):
         i = running[r]
-        if req_i[RI_STATUS, i] == RUNNING:
+        if req_i[i, RI_STATUS] == RUNNING:
             running[kept] = i
             kept += 1
     return kept
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n, pre_idx,  # noqa: ANN001, ANN201, C901
-        params_i, params_f, analytic, terms, tkeys, tvals, tcount, log_i, log_f, log_b, irr,
-        irr_count, st_i, st_f, until_s, max_steps):
+        params_i, params_f, analytic, terms, dense, log_i, log_f, log_b, irr, irr_count, st_i,
+        st_f, until_s, max_steps):
     """Run scheduling points from the state in ``st_i``/``st_f`` until the run ends
     (``DONE``; ``STALLED``: an empty plan with requests left and none to come), the clock
     passes ``until_s`` or ``max_steps`` steps are done (``PAUSED``), the replica waits for
@@ -172,21 +174,21 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
             return PAUSED
         # -- ``_take_arrivals`` (and the rejections the plan would make at once) --------------
         nxt = st_i[S_NXT]
-        while nxt < st_i[S_KNOWN] and req_f[RF_ARRIVAL, nxt] <= now:
-            entry = req_i[RI_ENTRY, nxt]
+        while nxt < st_i[S_KNOWN] and req_f[nxt, RF_ARRIVAL] <= now:
+            entry = req_i[nxt, RI_ENTRY]
             if entry != NO_REASON:
-                req_i[RI_STATUS, nxt], req_i[RI_REASON, nxt] = REJECTED, entry
-                req_f[RF_FINISH, nxt] = now
+                req_i[nxt, RI_STATUS], req_i[nxt, RI_REASON] = REJECTED, entry
+                req_f[nxt, RF_FINISH] = now
             else:
                 st_i[S_N_HEAP] = push(hkeys, hranks, hitems, st_i[S_N_HEAP], order_key(
-                    order, req_i[RI_PROMPT, nxt], req_i[RI_PRIORITY, nxt],
-                    req_f[RF_DEADLINE, nxt]), nxt, nxt)
+                    order, req_i[nxt, RI_PROMPT], req_i[nxt, RI_PRIORITY],
+                    req_f[nxt, RF_DEADLINE]), nxt, nxt)
             nxt += 1
         st_i[S_NXT] = nxt
         for j in range(st_i[S_N_PENDING]):  # recomputes over the budget, from the last step
             v = pending[j]
-            req_i[RI_STATUS, v], req_i[RI_REASON, v] = REJECTED, OVER_BUDGET
-            req_f[RF_FINISH, v] = now
+            req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, OVER_BUDGET
+            req_f[v, RF_FINISH] = now
         st_i[S_N_PENDING] = 0
         n_run, n_heap = st_i[S_N_RUN], st_i[S_N_HEAP]
         n_plan = 0
@@ -207,7 +209,7 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
         if n_plan == 0:  # idle: until the next arrival, or for good
             st_i[S_QUEUED] = n_heap
             if nxt < st_i[S_KNOWN]:
-                st_f[SF_NOW] = req_f[RF_ARRIVAL, nxt]
+                st_f[SF_NOW] = req_f[nxt, RF_ARRIVAL]
                 continue
             if st_i[S_ACCEPTING]:
                 return IDLE
@@ -224,21 +226,21 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
         c_lo = c_hi = 0
         for k in range(n_plan):
             i, n = plan_idx[k], plan_n[k]
-            if req_i[RI_STATUS, i] != RUNNING:  # admitted: joins the batch
-                req_i[RI_STATUS, i] = RUNNING
-                if req_f[RF_FIRST_SCHED, i] != req_f[RF_FIRST_SCHED, i]:
-                    req_f[RF_FIRST_SCHED, i] = now
+            if req_i[i, RI_STATUS] != RUNNING:  # admitted: joins the batch
+                req_i[i, RI_STATUS] = RUNNING
+                if req_f[i, RF_FIRST_SCHED] != req_f[i, RF_FIRST_SCHED]:
+                    req_f[i, RF_FIRST_SCHED] = now
                 running[n_run] = i
                 n_run += 1
-            c = req_i[RI_COMPUTED, i]
+            c = req_i[i, RI_COMPUTED]
             target = c + n
-            if req_i[RI_MAX_HELD, i] > c:
-                recomputed += min(target, req_i[RI_MAX_HELD, i]) - c
-            need = blocks_needed(target, 0, req_i[RI_BLOCKS, i], bs)
-            req_i[RI_BLOCKS, i] += need
+            if req_i[i, RI_MAX_HELD] > c:
+                recomputed += min(target, req_i[i, RI_MAX_HELD]) - c
+            need = blocks_needed(target, 0, req_i[i, RI_BLOCKS], bs)
+            req_i[i, RI_BLOCKS] += need
             used += need
-            gen = req_i[RI_GENERATED, i]
-            if gen and req_i[RI_PROMPT, i] + gen - c == 1:
+            gen = req_i[i, RI_GENERATED]
+            if gen and req_i[i, RI_PROMPT] + gen - c == 1:
                 num_decode += 1
             else:
                 num_prefill += n
@@ -261,62 +263,63 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
             for k in range(n_plan):
                 n = plan_n[k]
                 if n != 1:
-                    target = req_i[RI_COMPUTED, plan_idx[k]] + n
+                    target = req_i[plan_idx[k], RI_COMPUTED] + n
                     u = prefill_unit_s(terms, n, n * target - (n * n - n) // 2, target,
                                        peak_eff)
                     if first or u > worst:
                         worst, first = u, False
         secs, flops, nbytes, bound = step_cost(
-            kind, analytic, terms, tkeys, tvals, tcount, layers, tp, n_plan, tokens, n_dec,
+            kind, analytic, terms, dense, layers, tp, n_plan, tokens, n_dec,
             kv_dec, pairs_all, kv_all, c_lo, c_hi, worst, peak_eff)
         end = now + secs
         # -- ``_commit``: computed tokens catch up, tokens sampled -------------------------
         regular = 0
+        live = st_i[S_LIVE] + tokens  # tokens whose KV the running requests hold
         for k in range(n_plan):
             i, n = plan_idx[k], plan_n[k]
-            c = req_i[RI_COMPUTED, i] + n
-            req_i[RI_COMPUTED, i] = c
-            if c > req_i[RI_MAX_HELD, i]:
-                req_i[RI_MAX_HELD, i] = c
-            gen = req_i[RI_GENERATED, i]
-            if c < req_i[RI_PROMPT, i] + gen:
+            c = req_i[i, RI_COMPUTED] + n
+            req_i[i, RI_COMPUTED] = c
+            if c > req_i[i, RI_MAX_HELD]:
+                req_i[i, RI_MAX_HELD] = c
+            gen = req_i[i, RI_GENERATED]
+            if c < req_i[i, RI_PROMPT] + gen:
                 continue
             gen += 1
-            req_i[RI_GENERATED, i] = gen
-            last = req_f[RF_LAST_TOKEN, i]
-            req_f[RF_LAST_TOKEN, i] = end
-            if gen >= req_i[RI_OUT, i]:
-                req_i[RI_STATUS, i] = FINISHED
-                req_f[RF_FINISH, i] = end
+            req_i[i, RI_GENERATED] = gen
+            last = req_f[i, RF_LAST_TOKEN]
+            req_f[i, RF_LAST_TOKEN] = end
+            if gen >= req_i[i, RI_OUT]:
+                req_i[i, RI_STATUS] = FINISHED
+                req_f[i, RF_FINISH] = end
             if gen == 1:
-                req_f[RF_FIRST_TOKEN, i] = end
+                req_f[i, RF_FIRST_TOKEN] = end
                 continue
             gap = end - last
-            if gap > req_f[RF_MAX_ITL, i]:
-                req_f[RF_MAX_ITL, i] = gap
+            if gap > req_f[i, RF_MAX_ITL]:
+                req_f[i, RF_MAX_ITL] = gap
             if last == now:
                 regular += 1
             else:
                 n_irr = _irregular(irr, irr_count, n_irr, end, gap)
-        live = 0
-        for r in range(n_run):
-            live += req_i[RI_COMPUTED, running[r]]
+        logged_live = live
         # -- ``settle``: finished requests leave, a context that outgrew the cache too -----
         left = False
         for k in range(n_plan):
             i = plan_idx[k]
-            c = req_i[RI_COMPUTED, i]
-            if req_i[RI_STATUS, i] == FINISHED:
-                used -= req_i[RI_BLOCKS, i]
-                req_i[RI_BLOCKS, i] = 0
+            c = req_i[i, RI_COMPUTED]
+            if req_i[i, RI_STATUS] == FINISHED:
+                used -= req_i[i, RI_BLOCKS]
+                req_i[i, RI_BLOCKS] = 0
+                live -= c
                 left = True
-            elif (c >= capacity and req_i[RI_PROMPT, i] + req_i[RI_GENERATED, i] - c == 1
-                  and blocks_for(c + 1, bs) > num_blocks):
-                used -= req_i[RI_BLOCKS, i]
-                req_i[RI_BLOCKS, i] = 0
-                req_i[RI_COMPUTED, i] = 0
-                req_i[RI_STATUS, i], req_i[RI_REASON, i] = REJECTED, OUTGREW
-                req_f[RF_FINISH, i] = end
+            elif c >= capacity and (req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c == 1
+                                    and blocks_for(c + 1, bs) > num_blocks):
+                used -= req_i[i, RI_BLOCKS]
+                req_i[i, RI_BLOCKS] = 0
+                req_i[i, RI_COMPUTED] = 0
+                live -= c
+                req_i[i, RI_STATUS], req_i[i, RI_REASON] = REJECTED, OUTGREW
+                req_f[i, RF_FINISH] = end
                 left = True
         if left:
             n_run = _keep_running(req_i, running, n_run)
@@ -325,11 +328,11 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
         log_i[n_log, L_DECODE], log_i[n_log, L_RECOMPUTED] = num_decode, recomputed
         log_i[n_log, L_WAITING] = st_i[S_N_HEAP] + st_i[S_N_PENDING]
         log_i[n_log, L_USED], log_i[n_log, L_REGULAR] = st_i[S_USED], regular
-        log_i[n_log, L_LIVE] = live
+        log_i[n_log, L_LIVE] = logged_live
         log_f[n_log, L_START], log_f[n_log, L_DURATION] = now, end - now
         log_f[n_log, L_FLOPS], log_f[n_log, L_BYTES] = flops, nbytes
         log_b[n_log] = bound
         st_i[S_N_LOG], st_i[S_N_IRR] = n_log + 1, n_irr
-        st_i[S_USED], st_i[S_N_RUN] = used, n_run
+        st_i[S_USED], st_i[S_N_RUN], st_i[S_LIVE] = used, n_run, live
         st_f[SF_NOW] = end
         steps += 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sim.engine.compiled_cost import admits, blocks_needed, max_fitting_tokens, outranks
+from sim.engine.compiled_cost import KERNEL, admits, blocks_needed, max_fitting_tokens, outranks
 from sim.engine.compiled_queue import pop
 
 # Rows of the per-request integer and float arrays (``req_i``, ``req_f``).
@@ -32,7 +32,7 @@ PREFILL_FIRST, MIXED, DECODE_FIRST = 0, 1, 2
 VICTIM_NEWEST = 0
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def pick_victim(req_i: np.ndarray, req_f: np.ndarray, running: np.ndarray, n_run: int,
                 victim: int, stamp: int) -> int:
     """Position in ``running`` (admission order) of the victim under rule ``victim`` among
@@ -42,19 +42,19 @@ def pick_victim(req_i: np.ndarray, req_f: np.ndarray, running: np.ndarray, n_run
     best_priority, best_deadline = 0, 0.0
     for r in range(n_run - 1, -1, -1):
         i = running[r]
-        if req_i[RI_DONE, i] == stamp:
+        if req_i[i, RI_DONE] == stamp:
             continue
         if best < 0:
             if victim == VICTIM_NEWEST:
                 return r
-            best, best_priority, best_deadline = r, req_i[RI_PRIORITY, i], req_f[RF_DEADLINE, i]
-        elif outranks(victim, req_i[RI_PRIORITY, i], req_f[RF_DEADLINE, i], best_priority,
+            best, best_priority, best_deadline = r, req_i[i, RI_PRIORITY], req_f[i, RF_DEADLINE]
+        elif outranks(victim, req_i[i, RI_PRIORITY], req_f[i, RF_DEADLINE], best_priority,
                       best_deadline):
-            best, best_priority, best_deadline = r, req_i[RI_PRIORITY, i], req_f[RF_DEADLINE, i]
+            best, best_priority, best_deadline = r, req_i[i, RI_PRIORITY], req_f[i, RF_DEADLINE]
     return best
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def _admit(req_i: np.ndarray, hkeys: np.ndarray, hranks: np.ndarray, hitems: np.ndarray,
            n_heap: int, plan_idx: np.ndarray, plan_n: np.ndarray, n_plan: int, seats: int,
            tokens: int, free: int, mark: int, bs: int, whole: bool, chunk: int,
@@ -64,8 +64,8 @@ def _admit(req_i: np.ndarray, hkeys: np.ndarray, hranks: np.ndarray, hitems: np.
     plan sizes and what is left of seats, tokens and blocks."""
     while n_heap > 0:
         i = hitems[0]
-        computed, held = req_i[RI_COMPUTED, i], req_i[RI_BLOCKS, i]
-        unc = req_i[RI_PROMPT, i] + req_i[RI_GENERATED, i] - computed
+        computed, held = req_i[i, RI_COMPUTED], req_i[i, RI_BLOCKS]
+        unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - computed
         if decode_first:
             cap = 0
             if seats > 0:
@@ -92,7 +92,7 @@ def _admit(req_i: np.ndarray, hkeys: np.ndarray, hranks: np.ndarray, hitems: np.
     return n_heap, n_plan, seats, tokens, free
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def plan_decode_first(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap,  # noqa: ANN001, ANN201
                       plan_idx, plan_n, pre_idx, stamp, max_seqs, max_tokens, free, mark,
                       bs, whole, chunk, victim):
@@ -103,12 +103,12 @@ def plan_decode_first(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_hea
     for decoding in (True, False):
         for r in range(n_run):
             i = running[r]
-            computed, held = req_i[RI_COMPUTED, i], req_i[RI_BLOCKS, i]
-            gen = req_i[RI_GENERATED, i]
-            unc = req_i[RI_PROMPT, i] + gen - computed
-            if (unc > 1 or gen == 0) == decoding or req_i[RI_DONE, i] == stamp:
+            computed, held = req_i[i, RI_COMPUTED], req_i[i, RI_BLOCKS]
+            gen = req_i[i, RI_GENERATED]
+            unc = req_i[i, RI_PROMPT] + gen - computed
+            if (unc > 1 or gen == 0) == decoding or req_i[i, RI_DONE] == stamp:
                 continue
-            req_i[RI_DONE, i] = stamp
+            req_i[i, RI_DONE] = stamp
             if decoding:
                 n = 1
             else:  # ``_cap``
@@ -125,10 +125,10 @@ def plan_decode_first(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_hea
                 if j < 0:
                     break
                 v = running[j]
-                req_i[RI_DONE, v] = stamp
+                req_i[v, RI_DONE] = stamp
                 pre_idx[n_pre] = v
                 n_pre += 1
-                free += req_i[RI_BLOCKS, v]
+                free += req_i[v, RI_BLOCKS]
             if fit:
                 plan_idx[n_plan], plan_n[n_plan] = i, fit
                 n_plan += 1
@@ -146,7 +146,7 @@ def plan_decode_first(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_hea
     return n_plan, n_pre, n_heap
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def plan_whole(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan_idx,  # noqa: ANN001, ANN201
                plan_n, pre_idx, stamp, max_seqs, max_tokens, free, mark, bs, composition,
                victim):
@@ -164,32 +164,38 @@ def plan_whole(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan
             return n_plan, 0, n_heap
     # ``grow_running``: every running request's pending tokens, victims out while short
     total = 0
-    for r in range(n_run):
-        i = running[r]
-        c = req_i[RI_COMPUTED, i]
-        unc = req_i[RI_PROMPT, i] + req_i[RI_GENERATED, i] - c
-        total += blocks_needed(c + unc, 0, req_i[RI_BLOCKS, i], bs)
-    active = n_run
-    while active > 0 and total > free:
-        j = pick_victim(req_i, req_f, running, n_run, victim, stamp)
-        v = running[j]
-        req_i[RI_DONE, v] = stamp
-        pre_idx[n_pre] = v
-        n_pre += 1
-        c = req_i[RI_COMPUTED, v]
-        unc = req_i[RI_PROMPT, v] + req_i[RI_GENERATED, v] - c
-        total -= blocks_needed(c + unc, 0, req_i[RI_BLOCKS, v], bs)
-        free += req_i[RI_BLOCKS, v]
-        active -= 1
     tokens = max_tokens
     for r in range(n_run):
         i = running[r]
-        if req_i[RI_DONE, i] == stamp:
-            continue
-        unc = req_i[RI_PROMPT, i] + req_i[RI_GENERATED, i] - req_i[RI_COMPUTED, i]
+        c = req_i[i, RI_COMPUTED]
+        unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c
+        total += blocks_needed(c + unc, 0, req_i[i, RI_BLOCKS], bs)
         plan_idx[n_plan], plan_n[n_plan] = i, unc
         n_plan += 1
         tokens -= unc
+    active = n_run
+    if total > free:  # rare: victims out, then the plan again without them
+        while active > 0 and total > free:
+            j = pick_victim(req_i, req_f, running, n_run, victim, stamp)
+            v = running[j]
+            req_i[v, RI_DONE] = stamp
+            pre_idx[n_pre] = v
+            n_pre += 1
+            c = req_i[v, RI_COMPUTED]
+            unc = req_i[v, RI_PROMPT] + req_i[v, RI_GENERATED] - c
+            total -= blocks_needed(c + unc, 0, req_i[v, RI_BLOCKS], bs)
+            free += req_i[v, RI_BLOCKS]
+            active -= 1
+        n_plan = 0
+        tokens = max_tokens
+        for r in range(n_run):
+            i = running[r]
+            if req_i[i, RI_DONE] == stamp:
+                continue
+            unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - req_i[i, RI_COMPUTED]
+            plan_idx[n_plan], plan_n[n_plan] = i, unc
+            n_plan += 1
+            tokens -= unc
     if composition == MIXED and n_pre == 0:
         n_heap, n_plan, _, _, _ = _admit(req_i, hkeys, hranks, hitems, n_heap, plan_idx,
                                          plan_n, n_plan, max_seqs - active, tokens,

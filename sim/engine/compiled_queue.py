@@ -14,11 +14,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from sim.engine.compiled_cost import KERNEL
+
 #: The orders (``SchedulingSpec.order``) by code.
 ORDER_FCFS, ORDER_SPF, ORDER_PRIORITY, ORDER_EDF = 0, 1, 2, 3
 
 
-@njit(cache=True, inline="always")
+@njit(**KERNEL, inline="always")
 def order_key(order: int, uncomputed: int, priority: int, deadline_s: float) -> float:
     """A waiting request's key under ``order`` (smaller first; ties by rank)."""
     if order == ORDER_SPF:
@@ -30,21 +32,21 @@ def order_key(order: int, uncomputed: int, priority: int, deadline_s: float) -> 
     return 0.0
 
 
-@njit(cache=True, inline="always")
+@njit(**KERNEL, inline="always")
 def _less(keys: np.ndarray, ranks: np.ndarray, a: int, b: int) -> bool:
     if keys[a] != keys[b]:
         return keys[a] < keys[b]
     return ranks[a] < ranks[b]
 
 
-@njit(cache=True, inline="always")
+@njit(**KERNEL, inline="always")
 def _swap(keys: np.ndarray, ranks: np.ndarray, items: np.ndarray, a: int, b: int) -> None:
     keys[a], keys[b] = keys[b], keys[a]
     ranks[a], ranks[b] = ranks[b], ranks[a]
     items[a], items[b] = items[b], items[a]
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def push(keys: np.ndarray, ranks: np.ndarray, items: np.ndarray, size: int, key: float,
          rank: int, item: int) -> int:
     """Add ``item`` with ``(key, rank)``; returns the new size (the arrays have room)."""
@@ -59,7 +61,7 @@ def push(keys: np.ndarray, ranks: np.ndarray, items: np.ndarray, size: int, key:
     return size + 1
 
 
-@njit(cache=True)
+@njit(**KERNEL)
 def pop(keys: np.ndarray, ranks: np.ndarray, items: np.ndarray, size: int) -> int:
     """Remove the first row (``items[0]``); returns the new size."""
     size -= 1

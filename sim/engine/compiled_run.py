@@ -76,8 +76,8 @@ def _fold_rows(log: StepLog, rep: CompiledReplica, n: int, replica: int) -> None
     assert stream is not None
     k = rep.num_requests
     from sim.engine import compiled_plan as cp
-    stream.finished_all(rep.req_f[cp.RF_ARRIVAL, :k], rep.req_f[cp.RF_FINISH, :k],
-                        rep.req_i[cp.RI_STATUS, :k] == rep.loop.FINISHED)
+    stream.finished_all(rep.req_f[:k, cp.RF_ARRIVAL], rep.req_f[:k, cp.RF_FINISH],
+                        rep.req_i[:k, cp.RI_STATUS] == rep.loop.FINISHED)
     data: dict[str, Any] = {name: rep.log_i[:n, i] for i, name in enumerate(INT_COLUMNS)}
     data.update({name: rep.log_f[:n, i] for i, name in enumerate(FLOAT_COLUMNS)})
     for name in ZERO_COLUMNS:
