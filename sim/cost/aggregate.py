@@ -10,8 +10,9 @@ most, computed from sums instead of per-row arrays, bit-identical to ``step``.
 
 Each performs ``step``'s floating-point operations in ``step``'s order on the same operands,
 so the results are equal to the last bit (tests/test_fastpath.py checks every GPU and model
-profile). ``sim.engine.fastpath`` is their user: it never builds a ``BatchShape`` per step.
-A mixin of ``sim.cost.roofline.RooflineCost``: it reads the model's derived constants.
+profile): the attention operators and the assembly are ``sim.cost.roofline_terms``, the same
+functions ``step`` and the compiled interpreter call. A mixin of
+``sim.cost.roofline.RooflineCost``: it reads the model's derived constants.
 """
 from __future__ import annotations
 
@@ -250,20 +251,12 @@ class AggregateSteps:
         """The model constants a pure-decode step's attention cost reads, in the order
         ``(flops per key, KV bytes per token and layer, GQA latency, row tokens, query bytes,
         attention peak FLOP/s, attention bandwidth, KV heads, split tokens, decode par_half)``
-        (what ``decode_step``'s closure binds; ``sim.engine.fastkernel`` passes them to its kernel).
+        (what ``decode_step``'s closure binds).
         ``_decode_unit_s`` and ``_decode_tail_s`` are these, inlined with the same operations."""
         p = self.params
         return (self._attn_flops_pair, self._kv_bytes_tok_layer, self._gqa_lat,
                 p.attention_row_tokens, self._q_bytes_tok, self._peak * p.attention_compute_eff,
                 self._att_bw, self._hkv, self._split, p.attention_decode_par_half)
-
-    def prefill_scalars(self) -> tuple[float, ...]:
-        """The constants ``_prompt_attention`` reads besides ``decode_scalars``, in the order
-        ``(peak FLOP/s, attention compute efficiency, m_half, pad tokens, query heads,
-        prefill par_half)`` (``sim.engine.fastkernel`` passes them to its kernel)."""
-        p = self.params
-        return (self._peak, p.attention_compute_eff, p.attention_m_half,
-                p.attention_pad_tokens, self._hq, p.attention_prefill_par_half)
 
     def decode_step_for_rows(self, rows: int
                              ) -> Callable[[int, int, int], tuple[float, float, float, str]]:

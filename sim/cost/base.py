@@ -79,11 +79,10 @@ class CostModel(Protocol):
 
 @runtime_checkable
 class AggregateCost(SupportsStep, Protocol):
-    """The aggregate forms of ``step`` the fast paths (``sim.engine.fastpath``) cost batches
-    with, each bit-identical to ``step`` on the batch it describes. ``ConstantCost``,
-    ``LinearCost`` and ``RooflineCost`` have all three; for other models each is optional and
-    looked up by name (``decode_step`` opens the fast path, ``mixed_step`` its Orca mode,
-    ``decode_series`` its event skipping)."""
+    """The aggregate forms of ``step``: costs of a batch given by its aggregates (row count,
+    total context, shortest and longest row, whole prompts), each bit-identical to ``step`` on
+    the batch it describes. ``ConstantCost``, ``LinearCost`` and ``RooflineCost`` have all
+    three."""
 
     def decode_step(self, rows: int, kv_tokens: int, c_min: int, c_max: int
                     ) -> tuple[float, float, float, str]:

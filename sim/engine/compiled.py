@@ -116,6 +116,7 @@ class CompiledReplica:
         self.st_i = np.zeros(loop.NUM_STATE_I, dtype=np.int64)
         self.st_i[loop.S_ACCEPTING] = 1
         self.st_f = np.zeros(1)
+        self.residues = np.zeros(kv.block_size, dtype=np.int64)  # a stretch's block counts
         self.entry_reason: dict[int, str] = {}
 
     @property
@@ -174,7 +175,7 @@ class CompiledReplica:
                             self.pre_idx, self.params_i, self.params_f, self.analytic,
                             self.terms, self.dense, self.log_i, self.log_f, self.log_b,
                             self.irr, self.irr_count, self.st_i, self.st_f, float(t),
-                            steps)
+                            steps, self.residues)
             if code == loop.LOG_FULL:
                 if self.on_log_full is not None and self.on_log_full(self):
                     continue
