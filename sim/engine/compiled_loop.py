@@ -361,9 +361,13 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
             kind, analytic, terms, dense, layers, tp, n_plan, tokens, n_dec,
             kv_dec, pairs_all, kv_all, c_lo, c_hi, worst, peak_eff)
         end = now + secs
-        # -- ``_commit``: computed tokens catch up, tokens sampled -------------------------
+        # -- ``_commit``: computed tokens catch up, tokens sampled; then ``settle``: finished
+        # requests leave, a context that outgrew the cache too (what the step held and the
+        # live tokens are logged as they were before anyone left) -------------------------
         regular = 0
         live = st_i[S_LIVE] + tokens  # tokens whose KV the running requests hold
+        logged_live = live
+        left = False
         for k in range(n_plan):
             i, n = plan_idx[k], plan_n[k]
             c = req_i[i, RI_COMPUTED] + n
@@ -371,37 +375,30 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
             if c > req_i[i, RI_MAX_HELD]:
                 req_i[i, RI_MAX_HELD] = c
             gen = req_i[i, RI_GENERATED]
-            if c < req_i[i, RI_PROMPT] + gen:
-                continue
-            gen += 1
-            req_i[i, RI_GENERATED] = gen
-            last = req_f[i, RF_LAST_TOKEN]
-            req_f[i, RF_LAST_TOKEN] = end
-            if gen >= req_i[i, RI_OUT]:
-                req_i[i, RI_STATUS] = FINISHED
-                req_f[i, RF_FINISH] = end
-            if gen == 1:
-                req_f[i, RF_FIRST_TOKEN] = end
-                continue
-            gap = end - last
-            if gap > req_f[i, RF_MAX_ITL]:
-                req_f[i, RF_MAX_ITL] = gap
-            if last == now:
-                regular += 1
-            else:
-                n_irr = _irregular(irr, irr_count, n_irr, end, gap)
-        logged_live = live
-        # -- ``settle``: finished requests leave, a context that outgrew the cache too -----
-        left = False
-        for k in range(n_plan):
-            i = plan_idx[k]
-            c = req_i[i, RI_COMPUTED]
+            if c >= req_i[i, RI_PROMPT] + gen:  # caught up: a token is sampled
+                gen += 1
+                req_i[i, RI_GENERATED] = gen
+                last = req_f[i, RF_LAST_TOKEN]
+                req_f[i, RF_LAST_TOKEN] = end
+                if gen >= req_i[i, RI_OUT]:
+                    req_i[i, RI_STATUS] = FINISHED
+                    req_f[i, RF_FINISH] = end
+                if gen == 1:
+                    req_f[i, RF_FIRST_TOKEN] = end
+                else:
+                    gap = end - last
+                    if gap > req_f[i, RF_MAX_ITL]:
+                        req_f[i, RF_MAX_ITL] = gap
+                    if last == now:
+                        regular += 1
+                    else:
+                        n_irr = _irregular(irr, irr_count, n_irr, end, gap)
             if req_i[i, RI_STATUS] == FINISHED:
                 used -= req_i[i, RI_BLOCKS]
                 req_i[i, RI_BLOCKS] = 0
                 live -= c
                 left = True
-            elif c >= capacity and (req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c == 1
+            elif c >= capacity and (req_i[i, RI_PROMPT] + gen - c == 1
                                     and blocks_for(c + 1, bs) > num_blocks):
                 used -= req_i[i, RI_BLOCKS]
                 req_i[i, RI_BLOCKS] = 0
