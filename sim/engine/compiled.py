@@ -42,7 +42,7 @@ INITIAL_LOG_ROWS, INITIAL_IRREGULAR_ROWS = 1 << 16, 4096
 #: Requests per replica from which ``simulate`` takes the interpreter (``fast_path=True``):
 #: below it, loading numba and the cached loop (about half a second) costs more than the
 #: general engine spends (measured: docs/performance.md).
-COMPILED_MIN_REQUESTS = 2000
+COMPILED_MIN_REQUESTS = 1000
 #: Steps between two looks at the wall clock when the run has a wall-clock budget.
 DEADLINE_STEPS = 4096
 
