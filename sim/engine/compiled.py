@@ -98,11 +98,10 @@ class CompiledReplica:
             [cost.base_s, cost.per_token_s, cost.per_seq_s] if kind == 2 else [0.0] * 3)
         self.terms = np.array(cost.attention_terms() if roofline else [0.0], dtype=np.float64)
         self.dense = np.array(cost.dense_terms() if roofline else [0.0], dtype=np.float64)
-        rows = spec.max_num_seqs + 2
-        self.running = np.empty(rows, dtype=np.int64)
-        self.plan_idx = np.empty(rows, dtype=np.int64)
-        self.plan_n = np.empty(rows, dtype=np.int64)
-        self.pre_idx = np.empty(rows, dtype=np.int64)
+        # the batch's rows (running list, plan, victims): sized by ``append``, at most
+        # ``max_num_seqs`` (or the requests handed over) plus room for the checks
+        self.running = np.empty(0, dtype=np.int64)
+        self.plan_idx = self.plan_n = self.pre_idx = self.running
         # one row per request (its fields side by side: one cache line per request a step)
         self.req_i = np.zeros((0, loop_rows(loop)[0]), dtype=np.int64)
         self.req_f = np.zeros((0, loop_rows(loop)[1]))
@@ -157,6 +156,13 @@ class CompiledReplica:
                                        self.max_model_len).items():
             ri[k + j, cp.RI_ENTRY] = self.loop.ON_ARRIVAL
             self.entry_reason[k + j] = why
+        rows = min(spec.max_num_seqs, n) + 2
+        if len(self.running) < rows:
+            self.running = np.resize(self.running, rows) if len(self.running) else np.empty(
+                rows, dtype=np.int64)
+            self.plan_idx = np.empty(rows, dtype=np.int64)
+            self.plan_n = np.empty(rows, dtype=np.int64)
+            self.pre_idx = np.empty(rows, dtype=np.int64)
         self.st_i[self.loop.S_KNOWN] = n
 
     def close(self) -> None:
