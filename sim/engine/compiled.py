@@ -24,6 +24,7 @@ import numpy as np
 
 from sim.core.rules import blocks_for, watermark_blocks
 from sim.core.scheduling import COMPOSITIONS, ORDERS, VICTIMS, SchedulingSpec
+from sim.engine import compiled_slots as slots
 from sim.engine.coverage import cost_kind
 from sim.engine.replica import never_fits
 from sim.engine.validate import EngineError
@@ -78,19 +79,19 @@ class CompiledReplica:
         self.budget = spec.max_num_batched_tokens if whole else None  # rejects longer prompts
         kind = cost_kind(cost)
         roofline = kind == 0
-        p = np.zeros(loop.NUM_PARAMS_I, dtype=np.int64)
-        p[loop.P_BS], p[loop.P_NUM_BLOCKS] = kv.block_size, min(kv.num_blocks, _BIG)
-        p[loop.P_CAPACITY] = min(kv.capacity_tokens, _BIG)
-        p[loop.P_MAX_SEQS], p[loop.P_MAX_TOKENS] = spec.max_num_seqs, spec.max_num_batched_tokens
-        p[loop.P_MARK] = watermark_blocks(spec.watermark, kv.num_blocks)
-        p[loop.P_LIMIT] = -1 if kv.max_preemptions is None else kv.max_preemptions
-        p[loop.P_COMPOSITION] = COMPOSITIONS.index(spec.composition)
-        p[loop.P_WHOLE], p[loop.P_CHUNK] = int(whole), spec.chunk_size or 0
-        p[loop.P_ORDER], p[loop.P_VICTIM] = ORDERS.index(spec.order), VICTIMS.index(spec.victim)
-        p[loop.P_COST] = kind
-        p[loop.P_LAYERS] = cost.model.num_layers if roofline else 1
-        p[loop.P_TP] = cost.tp if roofline else 1
-        p[loop.P_HAS_HORIZON] = int(horizon_s is not None)
+        p = np.zeros(slots.NUM_PARAMS_I, dtype=np.int64)
+        p[slots.P_BS], p[slots.P_NUM_BLOCKS] = kv.block_size, min(kv.num_blocks, _BIG)
+        p[slots.P_CAPACITY] = min(kv.capacity_tokens, _BIG)
+        p[slots.P_MAX_SEQS], p[slots.P_MAX_TOKENS] = spec.max_num_seqs, spec.max_num_batched_tokens
+        p[slots.P_MARK] = watermark_blocks(spec.watermark, kv.num_blocks)
+        p[slots.P_LIMIT] = -1 if kv.max_preemptions is None else kv.max_preemptions
+        p[slots.P_COMPOSITION] = COMPOSITIONS.index(spec.composition)
+        p[slots.P_WHOLE], p[slots.P_CHUNK] = int(whole), spec.chunk_size or 0
+        p[slots.P_ORDER], p[slots.P_VICTIM] = ORDERS.index(spec.order), VICTIMS.index(spec.victim)
+        p[slots.P_COST] = kind
+        p[slots.P_LAYERS] = cost.model.num_layers if roofline else 1
+        p[slots.P_TP] = cost.tp if roofline else 1
+        p[slots.P_HAS_HORIZON] = int(horizon_s is not None)
         self.params_i = p
         self.params_f = np.array([math.inf if horizon_s is None else horizon_s])
         self.analytic = np.array(
@@ -112,8 +113,8 @@ class CompiledReplica:
         self.log_b = np.empty(INITIAL_LOG_ROWS, dtype=np.int8)
         self.irr = np.empty((INITIAL_IRREGULAR_ROWS, 2))
         self.irr_count = np.empty(INITIAL_IRREGULAR_ROWS, dtype=np.int64)
-        self.st_i = np.zeros(loop.NUM_STATE_I, dtype=np.int64)
-        self.st_i[loop.S_ACCEPTING] = 1
+        self.st_i = np.zeros(slots.NUM_STATE_I, dtype=np.int64)
+        self.st_i[slots.S_ACCEPTING] = 1
         self.st_f = np.zeros(1)
         self.residues = np.zeros(kv.block_size, dtype=np.int64)  # a stretch's block counts
         self.entry_reason: dict[int, str] = {}
@@ -121,7 +122,7 @@ class CompiledReplica:
     @property
     def num_requests(self) -> int:
         """Requests handed over so far."""
-        return int(self.st_i[self.loop.S_KNOWN])
+        return int(self.st_i[slots.S_KNOWN])
 
     def append(self, arrival_s: np.ndarray, prompt: np.ndarray, out: np.ndarray,
                priority: np.ndarray | None = None) -> None:
@@ -143,7 +144,7 @@ class CompiledReplica:
         pri = np.zeros(m, dtype=np.int64) if priority is None else np.asarray(priority,
                                                                                  np.int64)
         ri[k:, cp.RI_PROMPT], ri[k:, cp.RI_OUT], ri[k:, cp.RI_PRIORITY] = prompt, out, pri
-        ri[k:, cp.RI_STATUS] = self.loop.WAITING
+        ri[k:, cp.RI_STATUS] = slots.WAITING
         arrival = np.asarray(arrival_s, dtype=np.float64)
         rf[k:, cp.RF_ARRIVAL] = arrival
         spec = self.spec
@@ -154,7 +155,7 @@ class CompiledReplica:
             rf[k:, getattr(cp, name)] = math.nan
         for j, why in entry_rejections(prompt, out, self.kv, self.budget,
                                        self.max_model_len).items():
-            ri[k + j, cp.RI_ENTRY] = self.loop.ON_ARRIVAL
+            ri[k + j, cp.RI_ENTRY] = slots.ON_ARRIVAL
             self.entry_reason[k + j] = why
         rows = min(spec.max_num_seqs, n) + 2
         if len(self.running) < rows:
@@ -163,16 +164,16 @@ class CompiledReplica:
             self.plan_idx = np.empty(rows, dtype=np.int64)
             self.plan_n = np.empty(rows, dtype=np.int64)
             self.pre_idx = np.empty(rows, dtype=np.int64)
-        self.st_i[self.loop.S_KNOWN] = n
+        self.st_i[slots.S_KNOWN] = n
 
     def close(self) -> None:
         """No more requests will come: the run ends once everything handed over is done."""
-        self.st_i[self.loop.S_ACCEPTING] = 0
+        self.st_i[slots.S_ACCEPTING] = 0
 
     def advance_until(self, t: float = math.inf, deadline: float | None = None) -> int:
         """Run scheduling points up to time ``t`` (or the run's end, or the wall-clock
         ``deadline``, a ``time.perf_counter`` value); returns the loop's code
-        (``compiled_loop.DONE``, ``PAUSED``, ``IDLE``)."""
+        (``compiled_slots.DONE``, ``PAUSED``, ``IDLE``)."""
         loop = self.loop
         steps = DEADLINE_STEPS if deadline is not None else _BIG
         while True:
@@ -182,26 +183,26 @@ class CompiledReplica:
                             self.terms, self.dense, self.log_i, self.log_f, self.log_b,
                             self.irr, self.irr_count, self.st_i, self.st_f, float(t),
                             steps, self.residues)
-            if code == loop.LOG_FULL:
+            if code == slots.LOG_FULL:
                 if self.on_log_full is not None and self.on_log_full(self):
                     continue
                 rows = 2 * len(self.log_i)
                 self.log_i.resize((rows, len(INT_COLUMNS)), refcheck=False)
                 self.log_f.resize((rows, len(FLOAT_COLUMNS)), refcheck=False)
                 self.log_b.resize(rows, refcheck=False)
-            elif code == loop.IRR_FULL:
+            elif code == slots.IRR_FULL:
                 self.irr.resize((2 * len(self.irr), 2), refcheck=False)
                 self.irr_count.resize(len(self.irr), refcheck=False)
-            elif code == loop.PAUSED and deadline is not None and self.now <= t:
+            elif code == slots.PAUSED and deadline is not None and self.now <= t:
                 if time.perf_counter() > deadline:
-                    return loop.DONE  # wall-clock budget spent: the run ends here
+                    return slots.DONE  # wall-clock budget spent: the run ends here
             else:
                 break
-        if code == loop.STALLED:
+        if code == slots.STALLED:
             raise EngineError(
                 f"policy {self.name!r} stalled at t={self.now:.6f}s: empty plan, no "
-                f"wake_at_s, no arrivals left, {int(self.st_i[loop.S_QUEUED])} waiting and "
-                f"{int(self.st_i[loop.S_N_RUN])} running")
+                f"wake_at_s, no arrivals left, {int(self.st_i[slots.S_QUEUED])} waiting and "
+                f"{int(self.st_i[slots.S_N_RUN])} running")
         return int(code)
 
     #: Called when the step log is full (``StepLog`` folding); True when it made room.
@@ -215,13 +216,13 @@ class CompiledReplica:
     @property
     def num_steps(self) -> int:
         """Steps logged so far (and still in the buffer)."""
-        return int(self.st_i[self.loop.S_N_LOG])
+        return int(self.st_i[slots.S_N_LOG])
 
     def outcomes(self) -> Outcomes:
         """The per-request outcome columns now (rejection messages spelled out)."""
         from sim.engine import compiled_plan as cp
 
-        n, loop = self.num_requests, self.loop
+        n = self.num_requests
         ri, rf = self.req_i[:n].T, self.req_f[:n].T  # one row per field
         res = Outcomes(0)
         res.first_scheduled_s = np.ascontiguousarray(rf[cp.RF_FIRST_SCHED])
@@ -235,12 +236,12 @@ class CompiledReplica:
         limit = self.kv.max_preemptions
         for i in np.flatnonzero(ri[cp.RI_REASON]).tolist():
             code = ri[cp.RI_REASON, i]
-            if code == loop.ON_ARRIVAL:
+            if code == slots.ON_ARRIVAL:
                 reason[i] = self.entry_reason[i]
-            elif code == loop.OVER_BUDGET:
+            elif code == slots.OVER_BUDGET:
                 reason[i] = (f"prompt of {ri[cp.RI_PROMPT, i] + ri[cp.RI_GENERATED, i]} tokens "
                              f"exceeds max_num_batched_tokens={self.spec.max_num_batched_tokens}")
-            elif code == loop.PREEMPTED_TOO_OFTEN:
+            elif code == slots.PREEMPTED_TOO_OFTEN:
                 k = ri[cp.RI_NPRE, i]
                 reason[i] = (f"preempted {k} time{'s' if k > 1 else ''} "
                              f"(kv.max_preemptions={limit})")

@@ -50,14 +50,75 @@ from sim.engine.compiled_plan import (
     plan_whole,
 )
 from sim.engine.compiled_queue import order_key, push
+from sim.engine.compiled_skip import steady_stretch
+from sim.engine.compiled_slots import (
+    DONE,
+    FINISHED,
+    IDLE,
+    IRR_FULL,
+    L_BYTES,
+    L_DECODE,
+    L_DURATION,
+    L_FLOPS,
+    L_LIVE,
+    L_PREFILL,
+    L_RECOMPUTED,
+    L_REGULAR,
+    L_SEQS,
+    L_START,
+    L_USED,
+    L_WAITING,
+    LOG_FULL,
+    NO_REASON,
+    OUTGREW,
+    OVER_BUDGET,
+    P_BS,
+    P_CAPACITY,
+    P_CHUNK,
+    P_COMPOSITION,
+    P_COST,
+    P_HAS_HORIZON,
+    P_LAYERS,
+    P_LIMIT,
+    P_MARK,
+    P_MAX_SEQS,
+    P_MAX_TOKENS,
+    P_NUM_BLOCKS,
+    P_ORDER,
+    P_TP,
+    P_VICTIM,
+    P_WHOLE,
+    PAUSED,
+    PF_HORIZON,
+    PREEMPTED_TOO_OFTEN,
+    REJECTED,
+    RUNNING,
+    S_ACCEPTING,
+    S_KNOWN,
+    S_LIVE,
+    S_N_HEAP,
+    S_N_IRR,
+    S_N_LOG,
+    S_N_PENDING,
+    S_N_RUN,
+    S_NXT,
+    S_PRE_SEQ,
+    S_QUEUED,
+    S_STAMP,
+    S_USED,
+    SF_NOW,
+    STALLED,
+    WAITING,
+)
 
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
-# the rules compiled into this loop are pinned here (tests/test_compiled.py recomputes it), and
+# the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "cf2b5e3870d9125f0284770f261b8fa9903dcd515b0f9db255e8db42be89d0c8"
+RULES_SHA256 = "fe8c47adf69cbafadd6a15aaf684d1b241fd1641dd1d450c8f25142e2de245d8"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
-                "sim/engine/compiled_queue.py")
+                "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",
+                "sim/engine/compiled_slots.py")
 
 
 def rules_sha256() -> str:
@@ -69,23 +130,6 @@ def rules_sha256() -> str:
     return digest.hexdigest()
 
 
-WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3  # a request's status
-# why a request was rejected (its message is built afterwards from its final counters)
-NO_REASON, ON_ARRIVAL, OVER_BUDGET, PREEMPTED_TOO_OFTEN, OUTGREW = 0, 1, 2, 3, 4
-DONE, STALLED, PAUSED, IDLE, LOG_FULL, IRR_FULL = 0, 1, 2, 3, 4, 5  # how ``run`` returned
-# slots of ``params_i`` / ``params_f``
-(P_BS, P_NUM_BLOCKS, P_CAPACITY, P_MAX_SEQS, P_MAX_TOKENS, P_MARK, P_LIMIT, P_COMPOSITION,
- P_WHOLE, P_CHUNK, P_ORDER, P_VICTIM, P_COST, P_LAYERS, P_TP, P_HAS_HORIZON) = range(16)
-NUM_PARAMS_I = 16
-PF_HORIZON = 0
-# slots of the state ``st_i`` / ``st_f``
-(S_NXT, S_KNOWN, S_ACCEPTING, S_N_RUN, S_N_HEAP, S_N_PENDING, S_PRE_SEQ, S_USED, S_N_LOG,
- S_N_IRR, S_STAMP, S_QUEUED, S_LIVE) = range(13)
-NUM_STATE_I = 13
-SF_NOW = 0
-# columns of the step log (``sim.engine.compiled.INT_COLUMNS`` / ``FLOAT_COLUMNS`` name them)
-L_SEQS, L_PREFILL, L_DECODE, L_RECOMPUTED, L_WAITING, L_USED, L_REGULAR, L_LIVE = range(8)
-L_START, L_DURATION, L_FLOPS, L_BYTES = range(4)
 
 
 @njit(**KERNEL)
@@ -141,93 +185,6 @@ def _keep_running(req_i: np.ndarray, running: np.ndarray, n_run: int) -> int:
             running[kept] = i
             kept += 1
     return kept
-
-
-@njit(**KERNEL)
-def _steady_stretch(req_i, req_f, plan_idx, n_plan, residues, params_i, params_f, analytic,  # noqa: ANN001, ANN201
-                    terms, dense, log_i, log_f, log_b, st_i, st_f, until_s, steps_left):
-    """Exact event skipping (as ``sim.engine.skipping`` does for the general engine): after a
-    step whose plan decoded every scheduled request with no admission, preemption or
-    departure, and with no arrival due, every following plan is the same until a request
-    would finish or outgrow the cache, the KV growth would need more blocks than are free, a
-    request arrives, or the horizon (or ``until_s``) is reached. Those steps are costed and
-    logged one by one, but the requests' counters advance once, at the end (each token of the
-    stretch comes one step after the previous: its gap is a step's duration). Returns the
-    steps taken."""
-    bs, num_blocks, capacity = params_i[P_BS], params_i[P_NUM_BLOCKS], params_i[P_CAPACITY]
-    kind, layers, tp = params_i[P_COST], params_i[P_LAYERS], params_i[P_TP]
-    has_horizon, horizon = params_i[P_HAS_HORIZON] != 0, params_f[PF_HORIZON]
-    room = num_blocks - st_i[S_USED]
-    # the stretch ends before any request finishes or reaches the cache's capacity
-    k_max = steps_left
-    kv0 = 0
-    c_lo = c_hi = 0
-    for k in range(n_plan):
-        i = plan_idx[k]
-        c = req_i[i, RI_COMPUTED]
-        left = req_i[i, RI_OUT] - req_i[i, RI_GENERATED] - 1
-        if left < k_max:
-            k_max = left
-        if capacity - 1 - c < k_max:
-            k_max = capacity - 1 - c
-        kv0 += c
-        if k == 0 or c < c_lo:
-            c_lo = c
-        if k == 0 or c > c_hi:
-            c_hi = c
-        residues[c % bs] += 1
-    n_log = st_i[S_N_LOG]
-    if log_i.shape[0] - n_log < k_max:
-        k_max = log_i.shape[0] - n_log
-    nxt, known = st_i[S_NXT], st_i[S_KNOWN]
-    next_arrival = req_f[nxt, RF_ARRIVAL] if nxt < known else np.inf
-    now = st_f[SF_NOW]
-    used, live = st_i[S_USED], st_i[S_LIVE]
-    waiting = st_i[S_N_HEAP] + st_i[S_N_PENDING]
-    worst = 0.0
-    j = 0
-    while j < k_max:
-        need = residues[(bs - j % bs) % bs]  # rows whose next token opens a block
-        if need > room:
-            break  # the next plan preempts: stepping takes over
-        if now >= until_s or (has_horizon and now >= horizon) or now >= next_arrival:
-            break
-        j += 1
-        room -= need
-        used += need
-        kv = kv0 + n_plan * j
-        secs, flops, nbytes, bound = step_cost(
-            kind, analytic, terms, dense, layers, tp, n_plan, n_plan, n_plan, kv, kv, kv,
-            c_lo + j, c_hi + j, 0.0, 0.0)
-        end = now + secs
-        live += n_plan
-        log_i[n_log, L_SEQS], log_i[n_log, L_PREFILL] = n_plan, 0
-        log_i[n_log, L_DECODE], log_i[n_log, L_RECOMPUTED] = n_plan, 0
-        log_i[n_log, L_WAITING], log_i[n_log, L_USED] = waiting, used
-        log_i[n_log, L_REGULAR], log_i[n_log, L_LIVE] = n_plan, live
-        log_f[n_log, L_START], log_f[n_log, L_DURATION] = now, end - now
-        log_f[n_log, L_FLOPS], log_f[n_log, L_BYTES] = flops, nbytes
-        log_b[n_log] = bound
-        if end - now > worst:
-            worst = end - now
-        n_log += 1
-        now = end
-    for k in range(n_plan):  # the requests' counters, once for the stretch
-        i = plan_idx[k]
-        c = req_i[i, RI_COMPUTED]
-        residues[c % bs] -= 1
-        if j:
-            c += j
-            req_i[i, RI_COMPUTED] = c
-            req_i[i, RI_MAX_HELD] = c
-            req_i[i, RI_GENERATED] += j
-            req_i[i, RI_BLOCKS] = blocks_for(c, bs)
-            req_f[i, RF_LAST_TOKEN] = now
-            if worst > req_f[i, RF_MAX_ITL]:
-                req_f[i, RF_MAX_ITL] = worst
-    st_i[S_N_LOG], st_i[S_USED], st_i[S_LIVE] = n_log, used, live
-    st_f[SF_NOW] = now
-    return j
 
 
 @njit(**KERNEL)
@@ -424,6 +381,6 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
         steps += 1
         if (n_pre == 0 and not admitted and not left and num_prefill == 0
                 and st_i[S_N_PENDING] == 0 and n_log + 1 < log_i.shape[0]):
-            steps += _steady_stretch(req_i, req_f, plan_idx, n_plan, residues, params_i,
+            steps += steady_stretch(req_i, req_f, plan_idx, n_plan, residues, params_i,
                                      params_f, analytic, terms, dense, log_i, log_f, log_b,
                                      st_i, st_f, until_s, max_steps - steps)

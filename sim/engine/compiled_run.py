@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from sim.core.scheduling import SchedulingSpec
+from sim.engine import compiled_slots as slots
 from sim.engine.compiled import (
     FLOAT_COLUMNS,
     INT_COLUMNS,
@@ -42,13 +43,13 @@ def run_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.ndarray,
         if log.stream is None or not (log.always_fold or len(r.log_i) >= AUTO_MAX_STEPS):
             return False
         _fold_rows(log, r, r.num_steps, replica)
-        r.st_i[r.loop.S_N_LOG] = 0
+        r.st_i[slots.S_N_LOG] = 0
         return True
 
     rep.on_log_full = fold_when_full
     rep.advance_until(math.inf, deadline)
     steps = rep.num_steps
-    irregular = int(rep.st_i[rep.loop.S_N_IRR])
+    irregular = int(rep.st_i[slots.S_N_IRR])
     if log.bucketed:
         _fold_rows(log, rep, steps, replica)
         steps = 0
@@ -77,7 +78,7 @@ def _fold_rows(log: StepLog, rep: CompiledReplica, n: int, replica: int) -> None
     k = rep.num_requests
     from sim.engine import compiled_plan as cp
     stream.finished_all(rep.req_f[:k, cp.RF_ARRIVAL], rep.req_f[:k, cp.RF_FINISH],
-                        rep.req_i[:k, cp.RI_STATUS] == rep.loop.FINISHED)
+                        rep.req_i[:k, cp.RI_STATUS] == slots.FINISHED)
     data: dict[str, Any] = {name: rep.log_i[:n, i] for i, name in enumerate(INT_COLUMNS)}
     data.update({name: rep.log_f[:n, i] for i, name in enumerate(FLOAT_COLUMNS)})
     for name in ZERO_COLUMNS:
