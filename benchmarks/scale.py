@@ -3,10 +3,10 @@
 Simulates N requests of Azure-conversation-like traffic — prompt/output pairs resampled from
 the Azure LLM inference 2023 conversation trace, Poisson arrivals at a fixed share of the
 deployment's measured saturation rate — for each N and policy, each in a fresh subprocess so
-peak memory (max RSS) is its own. Prints which engine ran it (compiled or interpreted fast
-path, general engine), requests simulated per second, steps (engine iterations: the events the
-simulator processes) per second, peak memory, and writes a scaling plot and CSV. The kernel is
-compiled (or loaded from numba's cache) once beforehand, in its own process.
+peak memory (max RSS) is its own. Prints which engine ran it (the compiled interpreter or the
+general engine), requests simulated per second, steps (engine iterations: the events the
+simulator processes) per second, peak memory, and writes a scaling plot and CSV. The compiled
+interpreter is compiled (or loaded from numba's cache) once beforehand, in its own process.
 
     python benchmarks/scale.py                       # 10k, 100k, 1M (general engine: to 100k)
     python benchmarks/scale.py --sizes 10000 100000 --policies continuous
@@ -27,14 +27,26 @@ REPO = Path(__file__).resolve().parent.parent
 #: Default request rate per policy, about 80 % of what it sustains on this traffic (12 req/s
 #: for the iteration-level policies; static and dynamic batching with batch 32 sustain about
 #: 3.3 req/s, so 12 req/s would measure an ever-growing queue, not the simulator).
-RATES = {"continuous": 12.0, "chunked_prefill": 12.0, "static": 2.6, "dynamic": 2.6}
+RATES = {"continuous": 12.0, "chunked_prefill": 12.0, "chunked_prefill_512": 12.0,
+         "scheduler_priority": 12.0, "scheduler_edf": 12.0, "static": 2.6, "dynamic": 2.6}
 
 POLICIES = {
     "continuous": {"name": "continuous", "max_num_seqs": 256, "max_num_batched_tokens": 16384},
     "chunked_prefill": {"name": "chunked_prefill", "token_budget": 2048, "max_num_seqs": 256},
+    "chunked_prefill_512": {"name": "chunked_prefill", "token_budget": 512,
+                            "max_num_seqs": 256},
+    # vLLM v1-style decode-first chunked prefill, queue and victims by priority (classes 0-2)
+    "scheduler_priority": {"name": "scheduler", "max_num_batched_tokens": 2048,
+                           "order": "priority", "victim": "priority"},
+    # earliest TTFT deadline first, per-class targets; the latest deadline is preempted
+    "scheduler_edf": {"name": "scheduler", "max_num_batched_tokens": 2048, "order": "edf",
+                      "victim": "deadline", "ttft_targets_s": {"0": 2.0, "1": 1.0, "2": 0.25}},
     "static": {"name": "static", "batch_size": 32, "timeout_s": 0.5},
     "dynamic": {"name": "dynamic", "max_batch_size": 32, "max_wait_s": 0.1},
 }
+#: Policies the compiled interpreter runs (the others run on the general engine).
+COMPILED = {"continuous", "chunked_prefill", "chunked_prefill_512", "scheduler_priority",
+            "scheduler_edf"}
 
 
 def one(size: int, policy: str, rate: float, output_scale: float, seed: int) -> dict:
@@ -53,6 +65,11 @@ def one(size: int, policy: str, rate: float, output_scale: float, seed: int) -> 
         arrays = type(arrays)(arrays.arrival_s, arrays.num_prompt_tokens,
                               np.maximum(1, np.round(arrays.num_output_tokens * output_scale)
                                          ).astype(np.int64), source=arrays.source)
+    if policy.startswith("scheduler"):  # priority classes 0-2, drawn once per request
+        import dataclasses
+
+        pri = np.random.default_rng(seed + 1).integers(0, 3, len(arrays.arrival_s))
+        arrays = dataclasses.replace(arrays, priority=pri)
     t_load = time.perf_counter() - t0
     cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engine="vllm")
     t1, c1 = time.perf_counter(), time.process_time()
@@ -60,9 +77,7 @@ def one(size: int, policy: str, rate: float, output_scale: float, seed: int) -> 
     res = sim.simulate(arrays, policy=POLICIES[policy], cost=cost, kv={"block_size": 16})
     wall = time.perf_counter() - t1
     cpu = time.process_time() - c1  # less sensitive than wall time to a shared machine
-    from policies import make_policy
-
-    engine = which_engine(make_policy(POLICIES[policy]), cost, size)
+    engine = res.engine
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"size": size, "policy": policy, "engine": engine,
             "output_scale": output_scale, "rate": rate,
@@ -74,23 +89,8 @@ def one(size: int, policy: str, rate: float, output_scale: float, seed: int) -> 
             "p99_ttft_ms": round(res.summary["p99_ttft_ms"], 1)}
 
 
-def which_engine(policy, cost, size: int) -> str:  # noqa: ANN001
-    """Which engine ``simulate`` picked: compiled or interpreted fast path, or general."""
-    from sim.engine import fastkernel
-    from sim.engine.fastpath import fast_path_blocker
-    from sim.kv.config import resolve_kv
-
-    kv = resolve_kv({"block_size": 16}, cost)
-    if fast_path_blocker(policy, kv, cost, checks=False, event_skipping=True):
-        return "general"
-    if size >= fastkernel.COMPILED_MIN_REQUESTS and not fastkernel.compiled_blocker(
-            policy, cost, size):
-        return "compiled"
-    return "interpreted"
-
-
 def warm_kernel() -> float:
-    """Compile the fast path's kernel into numba's on-disk cache (or load it, if cached) in
+    """Compile the compiled interpreter into numba's on-disk cache (or load it, if cached) in
     this process; return the seconds it took. Every benchmark process then loads it."""
     sys.path.insert(0, str(REPO))
     import sim
@@ -113,8 +113,8 @@ def main() -> None:
     ap.add_argument("--output-scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-general-size", type=int, default=100_000,
-                    help="largest N run for policies on the general engine (chunked prefill, "
-                         "static, dynamic: about 10 minutes per 1M requests); default 100k")
+                    help="largest N run for policies on the general engine (static, "
+                         "dynamic: about 10 minutes per 1M requests); default 100k")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
@@ -133,7 +133,7 @@ def main() -> None:
     rows = []
     for size in args.sizes:
         for policy in args.policies:
-            if policy != "continuous" and size > args.max_general_size:
+            if policy not in COMPILED and size > args.max_general_size:
                 print(f"skipping {policy} at {size} (> --max-general-size)", flush=True)
                 continue
             cmd = [sys.executable, __file__, "--one", f"{size}:{policy}", "--output-scale",

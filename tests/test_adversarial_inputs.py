@@ -306,10 +306,14 @@ def test_api_misuse_is_one_input_error(kwargs, message, fast_path):
 
 @pytest.mark.parametrize("fast_path", [True, "compiled"])
 def test_a_broken_fast_path_method_of_a_builtin_subclass_is_caught(fast_path):
-    # a subclass is user code: it is checked (and not run by the compiled kernel, which would
-    # ignore its override)
+    # a subclass is user code: it runs on the general engine (the compiled interpreter would
+    # ignore its overrides), and every method of it an engine may call is checked
+    from sim.cost.checked import checked_cost
+
+    res = sim.simulate(_reqs(), "continuous", _Aggregate(0.01), fast_path=fast_path)
+    assert res.engine == "general" and "cost model" in res.engine_reason
     with pytest.raises(InputError, match=r"^cost: _Aggregate\.decode_step returned .* of nan"):
-        sim.simulate(_reqs(), "continuous", _Aggregate(0.01), fast_path=fast_path)
+        checked_cost(_Aggregate(0.01)).decode_step(1, 10, 10, 10)
 
 
 def test_the_yaml_and_the_api_share_one_rule_and_message():

@@ -20,7 +20,7 @@ independent runs of the Lindley recursion (n = 100 000 each): for the M/D/1 mean
 round them up). The samples are sized so that the issue's targets — 3 % for the mean, 5 % for
 the p99 — are at least three standard errors (``assert_supported``), and the checks assert the
 targets themselves: about 1.6 M simulated requests in all, some 30 seconds on two cores now that
-``max_num_seqs=1`` continuous batching runs on the exact fast path (``sim.engine.fastpath``).
+``max_num_seqs=1`` continuous batching runs on the compiled interpreter (``sim.engine.compiled``).
 """
 from __future__ import annotations
 

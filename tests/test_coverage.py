@@ -1,11 +1,12 @@
-"""The fast paths fail closed: an allow-list over every specification and KV field.
+"""The compiled tier fails closed: an allow-list over every specification and KV field.
 
 Specification: every field of ``SchedulingSpec`` and ``KVConfig`` is mapped in
 ``sim.engine.coverage`` (a field nobody mapped sends the run to the general engine); a run
-takes the fast path exactly when the allow-list says so, and ``SimResult.engine`` /
-``engine_reason`` say which engine ran and why. The differential test draws whole
-specifications and KV blocks from the field domains themselves (``Domain``, ``KV_FIELDS``), so
-a field or value added later is drawn without anyone listing it, and every run must equal the
+takes the compiled interpreter exactly when the allow-list says so, and ``SimResult.engine`` /
+``engine_reason`` say which engine ran and why. The differential tests draw whole
+specifications (as the ``scheduler`` policy, and through the ``chunked_prefill`` preset's
+parameters) and KV blocks from the field domains themselves (``Domain``, ``KV_FIELDS``), so a
+field or value added later is drawn without anyone listing it, and every run must equal the
 general engine with its invariant checks on, bit for bit.
 """
 from __future__ import annotations
@@ -32,40 +33,43 @@ KV_CONFIG_FIELDS = {f.name for f in dataclasses.fields(KVConfig)}
 
 
 def test_every_spec_and_kv_field_is_mapped():
-    assert set(coverage.FAST_SPEC) == SPEC_FIELDS
-    assert set(coverage.FAST_KV) == KV_CONFIG_FIELDS
-    assert set(coverage.COMPILED_SPEC) <= SPEC_FIELDS
-    for name, allowed in {**coverage.FAST_SPEC, **coverage.COMPILED_SPEC}.items():
+    assert set(coverage.COMPILED_SPEC) == SPEC_FIELDS
+    assert set(coverage.COMPILED_KV) == KV_CONFIG_FIELDS
+    for name, allowed in coverage.COMPILED_SPEC.items():
         if allowed is not coverage.ANY and domains()[name].kind == "choice":
             assert allowed <= set(domains()[name].choices), name
 
 
 def test_an_unmapped_field_sends_the_run_to_the_general_engine(monkeypatch):
-    monkeypatch.setattr(coverage, "FAST_SPEC",
-                        {k: v for k, v in coverage.FAST_SPEC.items() if k != "watermark"})
+    monkeypatch.setattr(coverage, "COMPILED_SPEC",
+                        {k: v for k, v in coverage.COMPILED_SPEC.items() if k != "watermark"})
     reqs = [sim.Request(i, 0.1 * i, 20, 5) for i in range(5)]
-    res = sim.simulate(reqs, "continuous", sim.ConstantCost(0.01))
+    res = sim.simulate(reqs, "continuous", sim.ConstantCost(0.01), fast_path="compiled")
     assert res.engine == "general"
-    assert res.engine_reason == "policy.watermark is not mapped for the fast path"
+    assert res.engine_reason == "policy.watermark is not mapped for the compiled interpreter"
 
 
 @pytest.mark.parametrize(("policy", "kv", "engine", "reason"), [
-    ("continuous", None, "fast", "fewer than"),
-    ({"name": "scheduler", "composition": "mixed", "admission": "whole"}, None, "fast",
-     "policy.composition='mixed' is not covered by the compiled kernel"),
-    ("chunked_prefill", None, "general",
-     "policy.composition='decode_first' is not covered by the fast path"),
+    ("continuous", None, "general", "fewer than"),
+    ({"name": "scheduler", "composition": "mixed", "admission": "whole"}, None, "general",
+     "5 requests on a replica, fewer than the"),
+    ("chunked_prefill", None, "general", "fewer than"),
     ({"name": "scheduler", "composition": "prefill_first", "admission": "whole",
-      "victim": "priority"}, None, "general",
-     "policy.victim='priority' is not covered by the fast path"),
+      "victim": "priority"}, None, "general", "fewer than"),
     ("continuous", {"num_blocks": 50, "prefix_caching": True}, "general",
-     "kv.prefix_caching=True is not covered by the fast path"),
+     "kv.prefix_caching=True is not covered by the compiled interpreter"),
+    ("continuous", {"num_blocks": 50, "allocator": "slab", "reserve_tokens": 64}, "general",
+     "kv.allocator='slab' is not covered by the compiled interpreter"),
     ("static", None, "general", "policy 'static' is not a preset"),
 ])
 def test_the_result_says_which_engine_ran_and_why(policy, kv, engine, reason):
     reqs = [sim.Request(i, 0.1 * i, 20, 5) for i in range(5)]
     res = sim.simulate(reqs, policy, sim.ConstantCost(0.01), kv=kv)
     assert res.engine == engine and reason in res.engine_reason
+    if reason == "fewer than" or "requests on a replica" in reason:  # covered: compiled
+        compiled = sim.simulate(reqs, policy, sim.ConstantCost(0.01), kv=kv,
+                                fast_path="compiled")
+        assert (compiled.engine, compiled.engine_reason) == ("compiled", "")
     assert sim.simulate(reqs, policy, sim.ConstantCost(0.01), kv=kv,
                         fast_path=False).engine_reason == "fast_path=False"
 
@@ -80,8 +84,8 @@ def test_batchsim_run_names_the_fallback(tmp_path, capsys):
     assert main(["run", str(exp), "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err
     line = next(x for x in err.splitlines() if "general engine" in x)
-    assert line.startswith("batchsim: general engine (slower, exact) for: policy.composition="
-                           "'decode_first' is not covered by the fast path; ")
+    assert line.startswith("batchsim: general engine (slower, exact) for: ")
+    assert "requests on a replica, fewer than the" in line
     assert line.endswith("(2 runs)")
     summary = (Path(tmp_path / "out") / "summary.csv").read_text()
     assert "sim_engine" not in summary  # how it ran is no result column
@@ -89,8 +93,8 @@ def test_batchsim_run_names_the_fallback(tmp_path, capsys):
 
 # -- strategies derived from the field domains ----------------------------------------------------
 def covered_often(values: st.SearchStrategy[Any], allowed: Any) -> st.SearchStrategy[Any]:
-    """``values``, three times in four restricted to what the fast path covers (``allowed``),
-    so the differential test meets the fast path often instead of one run in dozens; the
+    """``values``, three times in four restricted to what the compiled interpreter covers
+    (``allowed``), so the differential test meets it often instead of one run in dozens; the
     allowed values in a random order, so none is favoured when examples shrink."""
     if allowed is coverage.ANY:
         return values
@@ -119,7 +123,7 @@ def from_domain(d: Domain) -> st.SearchStrategy[Any]:
 def specs(draw: st.DrawFn) -> dict[str, Any]:
     """A valid specification as ``scheduler`` policy parameters, every field drawn."""
     def value(name: str) -> Any:
-        return draw(covered_often(from_domain(domains()[name]), coverage.FAST_SPEC.get(name)),
+        return draw(covered_often(from_domain(domains()[name]), coverage.COMPILED_SPEC.get(name)),
                     label=name)
 
     fields = {name: value(name) for name in domains()}
@@ -156,7 +160,7 @@ def from_key(key: Key) -> st.SearchStrategy[Any]:
 
 
 kv_blocks = st.none() | st.fixed_dictionaries(
-    {}, optional={name: covered_often(from_key(key), coverage.FAST_KV.get(name))
+    {}, optional={name: covered_often(from_key(key), coverage.COMPILED_KV.get(name))
                   for name, key in KV_FIELDS.items()})
 
 
@@ -178,13 +182,10 @@ def traces(draw: st.DrawFn) -> list[sim.Request]:
 COSTS = [sim.ConstantCost(0.01), sim.LinearCost(0.002, 1e-4, 1e-3)]
 
 
-@settings(max_examples=200, deadline=None)
-@given(reqs=traces(), fields=specs(), kv=kv_blocks, cost=st.sampled_from(COSTS),
-       horizon_s=st.sampled_from([None, None, 0.3]), num_replicas=st.sampled_from([1, 1, 2]),
-       fast_path=st.sampled_from([True, "compiled"]),
-       tight=st.none() | st.integers(0, 6))
-def test_every_drawn_specification_runs_exactly_as_the_general_engine(
-        reqs, fields, kv, cost, horizon_s, num_replicas, fast_path, tight):
+def check_drawn_run(reqs: list[sim.Request], policy: dict[str, Any], kv: Any, cost: Any,
+                    horizon_s: float | None, num_replicas: int, tight: int | None) -> None:
+    """One drawn run: the compiled interpreter (or, where the allow-list says so, the general
+    engine unchecked) equals the general engine with its invariant checks, bit for bit."""
     if kv is not None and tight is not None:  # a cache just big enough: preemptions, victims
         longest = max(r.num_prompt_tokens + r.num_output_tokens for r in reqs)
         kv = {**kv, "num_blocks": -(-longest // kv.get("block_size", 16)) + tight}
@@ -192,16 +193,46 @@ def test_every_drawn_specification_runs_exactly_as_the_general_engine(
         kv_config = resolve_kv(kv, cost)
     except InputError:
         assume(False)  # a drawn block the validation refuses: not a run
-    policy = {"name": "scheduler", **fields}
     kw = {"policy": policy, "cost": cost, "kv": kv_config, "horizon_s": horizon_s,
           "num_replicas": num_replicas}
-    fast = sim.simulate(reqs, **kw, fast_path=fast_path)
+    fast = sim.simulate(reqs, **kw, fast_path="compiled")
     slow = sim.simulate(reqs, **kw, checks=True)  # the reference interpreter, checked
     assert_same_run(fast, slow)
     event(f"engine: {fast.engine}")
     why = coverage.fast_path_blocker(make_policy(policy), kv_config, cost, checks=False,
                                      event_skipping=True)
     assert (fast.engine == "general") == bool(why) and (not why or fast.engine_reason == why)
+
+
+@settings(max_examples=500, deadline=None)
+@given(reqs=traces(), fields=specs(), kv=kv_blocks, cost=st.sampled_from(COSTS),
+       horizon_s=st.sampled_from([None, None, 0.3]), num_replicas=st.sampled_from([1, 1, 2]),
+       tight=st.none() | st.integers(0, 6))
+def test_every_drawn_specification_runs_exactly_as_the_general_engine(
+        reqs, fields, kv, cost, horizon_s, num_replicas, tight):
+    check_drawn_run(reqs, {"name": "scheduler", **fields}, kv, cost, horizon_s, num_replicas,
+                    tight)
+
+
+@st.composite
+def chunked_prefill_params(draw: st.DrawFn) -> dict[str, Any]:
+    """``chunked_prefill`` parameters, each from the specification field it sets."""
+    d = domains()
+    budget = draw(from_domain(d["max_num_batched_tokens"]))
+    seqs = draw(from_domain(d["max_num_seqs"]).filter(lambda s: s <= budget))
+    return {"name": "chunked_prefill", "token_budget": budget, "max_num_seqs": seqs,
+            "chunk_size": draw(from_domain(d["chunk_size"])),
+            "watermark": draw(from_domain(d["watermark"])),
+            "ordering": draw(st.sampled_from(["fcfs", "spf", "priority"]))}
+
+
+@settings(max_examples=500, deadline=None)
+@given(reqs=traces(), policy=chunked_prefill_params(), kv=kv_blocks,
+       cost=st.sampled_from(COSTS), horizon_s=st.sampled_from([None, None, 0.3]),
+       num_replicas=st.sampled_from([1, 1, 2]), tight=st.none() | st.integers(0, 6))
+def test_every_drawn_chunked_prefill_runs_exactly_as_the_general_engine(
+        reqs, policy, kv, cost, horizon_s, num_replicas, tight):
+    check_drawn_run(reqs, policy, kv, cost, horizon_s, num_replicas, tight)
 
 
 @pytest.mark.parametrize("cls", [c for c in coverage.SPEC_POLICIES if c.name != "scheduler"],

@@ -1,8 +1,8 @@
 """The allow-list cannot be widened wrongly without a test failing: a witness per blocked value.
 
-``sim.engine.coverage`` lists the values the fast paths cover; every other value runs on the
-general engine. If someone widened the list to a value the fast path does not implement, the
-fast path would silently run the covered behaviour instead. For every value the list blocks
+``sim.engine.coverage`` lists the values the compiled interpreter covers; every other value runs
+on the general engine. If someone widened the list to a value the interpreter does not
+implement, it would silently run the covered behaviour instead. For every value the list blocks
 today (derived from the specification's and the ``kv`` block's own domains, so a new value or
 field is included without anyone listing it) this test widens the list on purpose and shows
 that one witness workload — a burst of requests with priorities, TTFT classes, shared
@@ -48,10 +48,10 @@ def blocked() -> list[tuple[str, str, object]]:
     """Every (table, field, value) the allow-list refuses, from the fields' own domains."""
     out: list[tuple[str, str, object]] = []
     for name, dom in domains().items():
-        allowed = coverage.FAST_SPEC[name]
+        allowed = coverage.COMPILED_SPEC[name]
         out += [("spec", name, v) for v in dom.choices if allowed is not None and v not in allowed]
     for name, key in KV_FIELDS.items():
-        allowed = coverage.FAST_KV.get(name)
+        allowed = coverage.COMPILED_KV.get(name)
         values = key.choices or ((True, False) if key.types == (bool,) else ())
         out += [("kv", name, v) for v in values if allowed is not None and v not in allowed]
     return out
@@ -59,8 +59,8 @@ def blocked() -> list[tuple[str, str, object]]:
 
 def test_there_are_blocked_values_to_witness() -> None:
     names = {field for _, field, _ in blocked()}
-    assert {"composition", "admission", "order", "victim", "allocator", "preemption",
-            "prefix_caching"} <= names
+    # every specification value is covered since the compiled interpreter: KV values remain
+    assert {"allocator", "preemption", "prefix_caching"} <= names
 
 
 @pytest.mark.parametrize(("table", "field", "value"), blocked(),
@@ -75,9 +75,9 @@ def test_a_wrong_widening_of_the_allow_list_changes_the_results(monkeypatch, tab
     reqs = witness()
     general = sim.simulate(reqs, policy=policy, cost=COST, kv=kv, fast_path=False)
     for name in (field, *extra):  # widen: the fast path would now accept these values
-        monkeypatch.setitem(coverage.FAST_KV if name in KV_FIELDS else coverage.FAST_SPEC,
+        monkeypatch.setitem(coverage.COMPILED_KV if name in KV_FIELDS else coverage.COMPILED_SPEC,
                             name, coverage.ANY)
-    widened = sim.simulate(reqs, policy=policy, cost=COST, kv=kv)
+    widened = sim.simulate(reqs, policy=policy, cost=COST, kv=kv, fast_path="compiled")
     assert widened.engine != "general", widened.engine_reason
     assert not widened.requests.equals(general.requests), (
         f"{field}={value!r}: the witness cannot tell the fast path from the general engine")

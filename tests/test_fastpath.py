@@ -1,14 +1,15 @@
-"""The exact fast path (``sim.engine.fastpath``) is the general engine, only faster.
+"""The compiled interpreter runs continuous batching as the general engine does, and the
+roofline's aggregate forms equal its ``step``.
 
-Specification: for every run it covers — continuous batching (vLLM or Orca mode) with FCFS,
-paged KV with recompute preemption, any number of replicas — ``simulate`` gives the same
-request table, step table, irregular inter-token gaps and summary, bit for bit, as the general
-engine with its per-step invariant checks on. Random traces push it through KV preemption, the
-``max_preemptions`` limit, prompts over the token budget, ``max_model_len`` rejections,
-contexts outgrowing the cache, the watermark and the horizon. Its decode costs come from
-``decode_step`` and its prefill costs from ``prefill_step`` (``mixed_step`` in Orca mode), which
-must equal ``step`` on every pure-decode batch, batch of whole prompts and mix of the two, on
-every GPU and model.
+Specification: for every continuous-batching run (vLLM or Orca mode, any ordering) on paged KV
+with recompute preemption and any number of replicas, the compiled interpreter
+(``sim.engine.compiled``) gives the same request table, step table, irregular inter-token gaps
+and summary, bit for bit, as the general engine with its per-step invariant checks on. Random
+traces push it through KV preemption, the ``max_preemptions`` limit, prompts over the token
+budget, ``max_model_len`` rejections, contexts outgrowing the cache, the watermark and the
+horizon. The roofline's aggregate forms (``decode_step``, ``prefill_step``, ``prefill_cost``,
+``mixed_step``) must equal ``step`` on every pure-decode batch, batch of whole prompts and mix
+of the two, on every GPU and model.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from policies.registry import make_policy
 from sim.core.arrays import TraceArrays
 from sim.core.types import BatchShape
 from sim.cost.profiles import ProfileError
-from sim.engine.fastpath import fast_path_blocker
+from sim.engine.coverage import fast_path_blocker
 from sim.kv.config import KVConfig
 
 PROFILES = Path(__file__).resolve().parent.parent / "hardware_profiles"
@@ -100,7 +101,7 @@ def test_analytic_decode_step_equals_step(cost):
 
 
 class _DecodeOnly:
-    """A cost model with ``decode_step`` but no ``mixed_step``: no Orca mode on the fast path."""
+    """A cost model of its own (``decode_step`` alone): the general engine runs it."""
 
     def decode_step(self, rows, kv_tokens, c_min, c_max):
         return 0.1, 0.0, 0.0, "constant"
@@ -114,10 +115,12 @@ def test_only_the_covered_configurations_take_the_fast_path():
     assert fast_path_blocker(make_policy("continuous"), paged, cost, **ok) == ""
     assert fast_path_blocker(make_policy({"name": "continuous", "mode": "orca"}), paged, cost,
                              **ok) == ""
+    # every specification is covered since the compiled interpreter (orders, chunked prefill)
+    assert fast_path_blocker(make_policy({"name": "continuous", "ordering": "spf"}), paged,
+                             cost, **ok) == ""
+    assert fast_path_blocker(make_policy("chunked_prefill"), paged, cost, **ok) == ""
     blocked = [
         (make_policy({"name": "continuous", "mode": "orca"}), paged, _DecodeOnly(), ok),
-        (make_policy({"name": "continuous", "ordering": "spf"}), paged, cost, ok),
-        (make_policy("chunked_prefill"), paged, cost, ok),
         (make_policy("continuous"), KVConfig(num_blocks=100, allocator="slab",
                                              reserve_tokens=64), cost, ok),
         (make_policy("continuous"), KVConfig(num_blocks=100, prefix_caching=True), cost, ok),
@@ -148,6 +151,7 @@ policies_ = st.fixed_dictionaries({
     "max_num_batched_tokens": st.sampled_from([16, 64, 256, 8192]),
     "watermark": st.sampled_from([0.0, 0.01, 0.2]),
     "mode": st.sampled_from(["vllm", "orca"]),
+    "ordering": st.sampled_from(["fcfs", "fcfs", "spf", "priority"]),
 })
 kv_configs = st.none() | st.fixed_dictionaries(
     {"num_blocks": st.integers(1, 60), "block_size": st.sampled_from([1, 2, 4, 16])},
@@ -168,13 +172,14 @@ ROOFLINE = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", engine=
        num_replicas=st.sampled_from([1, 1, 2, 3]))
 def test_fast_path_equals_the_general_engine(reqs, spec, kv, cost, max_model_len, horizon_s,
                                              num_replicas):
-    if cost == "roofline":  # a real roofline: prefill costs memoized, decodes aggregated
+    if cost == "roofline":  # a real roofline, arrivals on its time scale
         cost = ROOFLINE
         reqs = [sim.Request(r.id, r.arrival_s * 0.02, r.num_prompt_tokens,
-                            r.num_output_tokens) for r in reqs]
+                            r.num_output_tokens, r.priority) for r in reqs]
     kw = {"policy": spec, "cost": cost, "kv": kv, "max_model_len": max_model_len,
           "horizon_s": horizon_s, "num_replicas": num_replicas}
-    fast = sim.simulate(reqs, **kw)
+    fast = sim.simulate(reqs, **kw, fast_path="compiled")
+    assert fast.engine == "compiled"
     slow = sim.simulate(reqs, **kw, checks=True)  # the general engine, invariants checked
     assert_same_run(fast, slow)
 
@@ -191,7 +196,7 @@ def test_fast_path_equals_the_general_engine_under_kv_pressure_at_scale(mode):
             for i in range(n)]
     kw = {"policy": {"name": "continuous", "max_num_seqs": 64, "mode": mode}, "cost": ROOFLINE,
           "kv": {"num_blocks": 400, "block_size": 16}}
-    fast = sim.simulate(reqs, **kw)
+    fast = sim.simulate(reqs, **kw, fast_path="compiled")
     slow = sim.simulate(reqs, **kw, fast_path=False)
     assert fast.summary["num_preemptions"] > 100
     assert_same_run(fast, slow)
@@ -200,29 +205,25 @@ def test_fast_path_equals_the_general_engine_under_kv_pressure_at_scale(mode):
 def test_a_wall_clock_budget_ends_a_fast_path_run_as_partial():
     reqs = [sim.Request(i, i * 0.01, 100, 5000) for i in range(200)]
     res = sim.simulate(reqs, policy="continuous", cost=sim.ConstantCost(0.01), kv=None,
-                       wall_clock_s=0.0)
+                       wall_clock_s=0.0, fast_path="compiled")
     assert res.summary["partial"] and res.summary["num_unfinished"] > 0
 
 
-def test_long_decode_stretches_are_skipped_in_numpy_exactly(monkeypatch):
-    # Sparse arrivals and long outputs: most steps lie in stretches of hundreds of decodes,
-    # which the fast path costs with decode_series; the tables must not change by a bit.
+def test_long_decode_stretches_run_exactly():
+    # Sparse arrivals and long outputs: most steps are long stretches of decodes, which the
+    # general engine skips in numpy (``step_series``) and the interpreter steps one by one.
     rng = np.random.default_rng(11)
     n = 60
     reqs = [sim.Request(i, float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
         np.cumsum(rng.exponential(2.0, n)), rng.integers(10, 3000, n),
         rng.integers(50, 1500, n), strict=True))]
-    calls = []
-    series = type(ROOFLINE).decode_series
-    monkeypatch.setattr(type(ROOFLINE), "decode_series",
-                        lambda self, *a: calls.append(a[-1]) or series(self, *a))
     kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 3000}}
-    fast = sim.simulate(reqs, **kw)
-    assert sum(calls) > len(fast.steps) // 2  # most steps came from stretches
+    fast = sim.simulate(reqs, **kw, fast_path="compiled")
+    assert len(fast.steps) > 20 * n  # mostly decode steps
     assert_same_run(fast, sim.simulate(reqs, **kw, fast_path=False))
 
 
-@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("fast_path", ["compiled", False])
 def test_columnar_requests_give_the_same_run(fast_path):
     # A TraceArrays (ids = row numbers) simulates exactly like its Request objects.
     arrays = TraceArrays.from_requests(
@@ -236,4 +237,4 @@ def test_columnar_requests_give_the_same_run(fast_path):
 def test_duplicate_ids_are_refused_on_the_fast_path_too():
     reqs = [sim.Request(1, 0.0, 5, 5), sim.Request(1, 1.0, 5, 5)]
     with pytest.raises(ValueError, match="ids must be unique"):
-        sim.simulate(reqs, policy="continuous", cost=sim.ConstantCost(0.1))
+        sim.simulate(reqs, policy="continuous", cost=sim.ConstantCost(0.1), fast_path="compiled")

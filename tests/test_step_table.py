@@ -3,7 +3,7 @@
 The summary of a bucketed run is computed from every step through streaming sums, never from
 the buckets: counts, maxima and percentiles equal the full table's exactly, sums of floats to
 summation order. The fold sizes are shrunk here so that rows are folded mid-run (the general
-engine's log and the compiled kernel's buffer), and some steps are held back past the
+engine's log and the compiled interpreter's buffer), and some steps are held back past the
 window's last known finish (warm-up, cool-down, horizon, several replicas).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import sim
-import sim.engine.fastkernel as fastkernel
+import sim.engine.compiled as compiled
 import sim.metrics.steplog as steplog
 from sim.core.errors import InputError
 from sim.metrics.stream import SUM_COLUMNS, is_bucketed, timeline_frame
@@ -31,7 +31,7 @@ FLOAT_SUMS = {"busy_fraction", "mfu", "mbu", "slot_utilization", "mean_kv_usage"
 @pytest.fixture(autouse=True)
 def small_folds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steplog, "FOLD_ROWS", 97)
-    monkeypatch.setattr(fastkernel, "INITIAL_LOG_ROWS", 64)
+    monkeypatch.setattr(compiled, "INITIAL_LOG_ROWS", 64)
 
 
 def workload(n: int = 400, rate: float = 12.0):  # noqa: ANN201

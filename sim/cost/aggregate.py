@@ -10,8 +10,9 @@ most, computed from sums instead of per-row arrays, bit-identical to ``step``.
 
 Each performs ``step``'s floating-point operations in ``step``'s order on the same operands,
 so the results are equal to the last bit (tests/test_fastpath.py checks every GPU and model
-profile). ``sim.engine.fastpath`` is their user: it never builds a ``BatchShape`` per step.
-A mixin of ``sim.cost.roofline.RooflineCost``: it reads the model's derived constants.
+profile): the attention operators and the assembly are ``sim.cost.roofline_terms``, the same
+functions ``step`` and the compiled interpreter call. A mixin of
+``sim.cost.roofline.RooflineCost``: it reads the model's derived constants.
 """
 from __future__ import annotations
 
@@ -21,13 +22,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.core.types import StepCost
+from sim.cost.roofline_terms import (
+    A_USES_MIN,
+    BOUND_NAMES,
+    PREFILL_TILE_TOKENS,
+    assemble_step,
+    attention_ops,
+    decode_unit_s,
+    dense_constants,
+    prefill_peak_eff,
+    prefill_unit_s,
+)
 
 if TYPE_CHECKING:  # the host's types; sim.cost.roofline imports this module
     from sim.cost.profiles import ModelSpec
     from sim.cost.roofline import CostParams
 
-#: Query rows per prefill attention tile (FlashAttention's block size for head_dim 128).
-PREFILL_TILE_TOKENS = 128.0
+__all__ = ["PREFILL_TILE_TOKENS", "AggregateSteps", "assemble_one_attention"]
 _BOUND_NAMES = np.array(["compute", "memory", "comm", "overhead"], dtype=object)
 
 
@@ -52,8 +63,10 @@ class AggregateSteps:
     _decode_consts: dict[int, tuple[float, ...]]  # rows -> ``decode_constants(rows)``
     _prefill_consts: dict[tuple[int, int], tuple[float, ...]]  # (T, rows) -> dense_constants
     _decode_fn: list[Callable[..., Any]]  # ``decode_step_function``'s closures, once built
-    _assemble: Callable[[float, int, tuple[list[float], ...]], StepCost]
-    _dense: Callable[[float, int], tuple[Any, ...]]
+    _terms: tuple[float, ...]  # ``attention_terms()``: the slots of ``roofline_terms.A_*``
+    _step_memo: dict[tuple[float, int], tuple[Any, ...]]  # (T, rows) -> dense constants, ...
+    _assemble: Callable[[float, int, tuple[Any, ...]], StepCost]
+    _g: tuple[float, ...]  # ``dense_terms()``: the slots of ``roofline_terms.G_*``
     _decode_tail_s: Callable[[float, float], float]
 
     def prefill_step(self, prompts: tuple[int, ...]) -> StepCost:
@@ -77,12 +90,11 @@ class AggregateSteps:
 
     def _prompt_attention(self, prompts: tuple[int, ...], tokens: int,
                           decodes: tuple[int, int, int, int] = (0, 0, 0, 0)
-                          ) -> tuple[list[float], ...]:
+                          ) -> tuple[int, float, float, float, float, float, float, float, float]:
         """``_attention`` for whole prompts (context == new tokens, no window) and ``decodes``
-        (rows, keys, shortest and longest context of one-token decode rows), in Python scalars
-        with numpy's operations in numpy's order: the same floats, bit for bit."""
-        p, fpp, kvt, bw = self.params, self._attn_flops_pair, self._kv_bytes_tok_layer, \
-            self._att_bw
+        (rows, keys, shortest and longest context of one-token decode rows): the reductions in
+        Python scalars, the operators from ``roofline_terms.attention_ops``."""
+        terms = self._terms
         dec_rows, dec_kv, dec_lo, dec_hi = decodes
         n_dec, pairs_all = dec_rows, dec_kv  # a decode row's causal pairs are its context
         for n in prompts:
@@ -97,39 +109,20 @@ class AggregateSteps:
         c_hi = max(prompts) if prompts else dec_hi
         if dec_rows and prompts:
             c_lo, c_hi = min(c_lo, dec_lo), max(c_hi, dec_hi)
-        c_min = float(c_lo) if p.attention_row_tokens + 1.0 > self._split else 0.0
-        tail = self._decode_tail_s(c_min, float(c_hi))
-        out = []
-        if n_dec:
-            f = fpp * kv_dec
-            b = kvt * (kv_dec + n_dec * p.attention_row_tokens) + n_dec * (kvt + self._q_bytes_tok)
-            g = self._gqa_lat
-            out.append([f / (self._peak * p.attention_compute_eff) + g, b / bw + g, f, b])
+        rows = dec_rows + len(prompts)
+        worst = peak_eff = 0.0
         if new_pf:
-            f = fpp * (pairs_all - kv_dec)
-            rows_pf = dec_rows + len(prompts) - n_dec
-            b = (kvt * (kv_all - kv_dec + new_pf + rows_pf * p.attention_row_tokens)
-                 + self._q_bytes_tok * new_pf)
-            chunk = new_pf / rows_pf
-            eff = p.attention_compute_eff * chunk / (chunk + p.attention_m_half)
-            pad = fpp * p.attention_pad_tokens
-            peak_eff = self._peak * eff
-            worst: float | None = None
+            peak_eff = prefill_peak_eff(terms, new_pf, rows - n_dec)
+            first = True
             for n in prompts:
                 if n == 1:
                     continue
-                pairs = n * n - (n * n - n) // 2
-                tc = (fpp * pairs + pad * n) / peak_eff
-                tm = (kvt * (n + n + p.attention_row_tokens) + self._q_bytes_tok * n) / bw
-                u = (tc if tc >= tm else tm) / (self._hq * (1.0 + n / PREFILL_TILE_TOKENS))
-                if worst is None or u > worst:
-                    worst = u
-            assert worst is not None  # new_pf > 0: some prompt has two tokens or more
-            tail = max(tail, p.attention_prefill_par_half * worst)
-            out.append([(f + pad * new_pf) / peak_eff, b / bw, f, b])
-        out[-1][0] += tail
-        out[-1][1] += tail
-        return tuple(out)
+                u = prefill_unit_s(terms, n, n * n - (n * n - n) // 2, n, peak_eff)
+                if first or u > worst:
+                    worst, first = u, False
+        c_min = float(c_lo) if terms[A_USES_MIN] else 0.0
+        return attention_ops(terms, rows, tokens, n_dec, kv_dec, pairs_all, kv_all, c_min,
+                             float(c_hi), worst, peak_eff)
 
     @property
     def decode_uses_min_context(self) -> bool:
@@ -161,10 +154,10 @@ class AggregateSteps:
             self.decode_scalars()
         uses_min = self.decode_uses_min_context
 
+        terms = self._terms
+
         def unit(c: float) -> float:
-            tc = fpp * c / peak_att
-            tm = (kvt * (c + row_tok + 1.0) + q_bytes) / att_bw
-            return (tc if tc > tm else tm) / (hkv * (1.0 + c / split))
+            return decode_unit_s(terms, c)
 
         tails: dict[int, float] = {}  # longest context -> decode tail (when it alone counts)
         by_rows: dict[int, Callable[[int, int, int], tuple[float, float, float, str]]] = {}
@@ -258,20 +251,12 @@ class AggregateSteps:
         """The model constants a pure-decode step's attention cost reads, in the order
         ``(flops per key, KV bytes per token and layer, GQA latency, row tokens, query bytes,
         attention peak FLOP/s, attention bandwidth, KV heads, split tokens, decode par_half)``
-        (what ``decode_step``'s closure binds; ``sim.engine.fastkernel`` passes them to its kernel).
+        (what ``decode_step``'s closure binds).
         ``_decode_unit_s`` and ``_decode_tail_s`` are these, inlined with the same operations."""
         p = self.params
         return (self._attn_flops_pair, self._kv_bytes_tok_layer, self._gqa_lat,
                 p.attention_row_tokens, self._q_bytes_tok, self._peak * p.attention_compute_eff,
                 self._att_bw, self._hkv, self._split, p.attention_decode_par_half)
-
-    def prefill_scalars(self) -> tuple[float, ...]:
-        """The constants ``_prompt_attention`` reads besides ``decode_scalars``, in the order
-        ``(peak FLOP/s, attention compute efficiency, m_half, pad tokens, query heads,
-        prefill par_half)`` (``sim.engine.fastkernel`` passes them to its kernel)."""
-        p = self.params
-        return (self._peak, p.attention_compute_eff, p.attention_m_half,
-                p.attention_pad_tokens, self._hq, p.attention_prefill_par_half)
 
     def decode_step_for_rows(self, rows: int
                              ) -> Callable[[int, int, int], tuple[float, float, float, str]]:
@@ -294,33 +279,11 @@ class AggregateSteps:
         return self.dense_constants(float(rows), rows)
 
     def dense_constants(self, T: float, rows: int) -> tuple[float, ...]:
-        """The parts of ``step`` for ``T`` tokens in ``rows`` rows that attention does not touch, as
-        partial sums in ``step``'s order of operations (from ``_dense``): 21 numbers, in the order
-        ``decode_step``'s closure unpacks them (``sim.engine.kernel_loop`` indexes them). With them,
-        a step whose attention is one operator is a handful of operations
-        (``assemble_one_attention``)."""
-        p, L = self.params, self.model.num_layers
-        lat = p.kernel_latency_s
-        dense_secs, before, norms, comm, emb, lm_head, overhead = self._dense(T, rows)
-        secs = dict(dense_secs)
-        s3 = secs["qkv_proj"] * L + secs["o_proj"] * L + secs["mlp"] * L
-        t_norm = max(norms[0], norms[1]) + 4 * lat
-        elem = norms[3]
-        secs.clear()
-        tally = [0.0, 0.0, 0.0, 0.0]
-        for name, (tc, tm, f, b) in (("embedding", emb), ("lm_head", lm_head)):  # as ``add``
-            t = max(tc, tm) + lat
-            secs[name] = 0.0 + t
-            tally[0 if tc > tm else 1] += t
-            tally[2] += f
-            tally[3] += b
-        att_lat = p.attention_latency_s + lat
-        c0, m0 = before[0], before[1]
-        return (s3, *before, att_lat, t_norm, elem, t_norm * L, comm * L,
-                secs["embedding"], secs["lm_head"], overhead, *tally,
-                rows * p.attention_row_tokens, rows * (self._kv_bytes_tok_layer
-                                                       + self._q_bytes_tok),
-                ((m0 + att_lat) + t_norm) * L + tally[1], c0 * L + tally[0])
+        """The parts of ``step`` for ``T`` tokens in ``rows`` rows that attention does not
+        touch, as partial sums in ``step``'s order of operations: the 21 numbers of
+        ``roofline_terms.dense_constants`` (slots ``D_*``), from the model's dense terms. With
+        them, a step's cost is its attention operators and ``assemble_step``."""
+        return dense_constants(self._g, float(T), rows)
 
     def prefill_cost(self, prompts: tuple[int, ...]) -> tuple[float, float, float, str]:
         """``(seconds, flops, bytes, bound)`` of ``prefill_step(prompts)`` without building its
@@ -332,7 +295,7 @@ class AggregateSteps:
         for n in prompts:
             T += n
         ops = self._prompt_attention(prompts, T)
-        if len(ops) != 1:  # one-token prompts make a second (decode) operator: the long way
+        if ops[0] != 1:  # one-token prompts make a second (decode) operator: the long way
             s = self.prefill_step(prompts)
             return s.seconds, s.flops, s.bytes, s.bound
         key = (T, len(prompts))
@@ -341,7 +304,7 @@ class AggregateSteps:
             if len(self._prefill_consts) > 1 << 16:  # bound the memo
                 self._prefill_consts.clear()
             consts = self._prefill_consts[key] = self.dense_constants(float(T), len(prompts))
-        tc, tm, f, b = ops[0]
+        _, tc, tm, f, b = ops[:5]
         return assemble_one_attention(consts, tc, tm, f, b, self.model.num_layers, self.tp)
 
 
@@ -353,22 +316,6 @@ def assemble_one_attention(consts: tuple[float, ...], tc: float, tm: float, f: f
     the other tally is then the constants' own. ``bound`` is ``max`` over ``(seconds, name)``
     pairs as ``step`` takes it, ties going to the larger name ("overhead" > "memory" >
     "compute" > "comm"), without building the tuples."""
-    (s3, t0, t1, t2, t3, att_lat, t_norm, e_norm, norms_l, comm_l, emb_s, lm_s, overhead, c2,
-     m2, f2, b2, _, _, memory_if_compute, compute_if_memory) = consts
-    if tc > tm:
-        t = tc
-        compute_s, memory_s = (t0 + t) * L + c2, memory_if_compute
-    else:
-        t = tm
-        compute_s = compute_if_memory
-        memory_s = ((t1 + t) + att_lat + t_norm) * L + m2
-    seconds = s3 + (t + att_lat) * L + norms_l
-    if tp > 1:
-        seconds += comm_l
-    seconds = seconds + emb_s + lm_s + overhead
-    bound, top = ("memory", memory_s) if memory_s >= compute_s else ("compute", compute_s)
-    if comm_l > top:
-        bound, top = "comm", comm_l
-    if overhead >= top:
-        bound = "overhead"
-    return seconds, ((t2 + f) * L + f2) * tp, (((t3 + b) + e_norm) * L + b2) * tp, bound
+    seconds, flops, nbytes, code = assemble_step(consts, 1, tc, tm, f, b, 0.0, 0.0, 0.0, 0.0,
+                                                 L, tp)
+    return seconds, flops, nbytes, BOUND_NAMES[code]

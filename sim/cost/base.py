@@ -23,6 +23,13 @@ MIN_STEP_S = 1e-6
 MAX_STEP_S = 86_400.0
 
 
+def linear_seconds(base_s: float, per_token_s: float, per_seq_s: float, tokens: int,
+                   rows: int) -> float:
+    """``LinearCost``'s step time: ``base_s + per_token_s × tokens + per_seq_s × rows`` (a plain
+    function of numbers, so the compiled interpreter compiles this very rule)."""
+    return base_s + per_token_s * tokens + per_seq_s * rows
+
+
 @dataclass(frozen=True)
 class StepSeries:
     """Costs of ``k`` successive decode steps (context +1 per row per step), as arrays."""
@@ -72,11 +79,10 @@ class CostModel(Protocol):
 
 @runtime_checkable
 class AggregateCost(SupportsStep, Protocol):
-    """The aggregate forms of ``step`` the fast paths (``sim.engine.fastpath``) cost batches
-    with, each bit-identical to ``step`` on the batch it describes. ``ConstantCost``,
-    ``LinearCost`` and ``RooflineCost`` have all three; for other models each is optional and
-    looked up by name (``decode_step`` opens the fast path, ``mixed_step`` its Orca mode,
-    ``decode_series`` its event skipping)."""
+    """The aggregate forms of ``step``: costs of a batch given by its aggregates (row count,
+    total context, shortest and longest row, whole prompts), each bit-identical to ``step`` on
+    the batch it describes. ``ConstantCost``, ``LinearCost`` and ``RooflineCost`` have all
+    three."""
 
     def decode_step(self, rows: int, kv_tokens: int, c_min: int, c_max: int
                     ) -> tuple[float, float, float, str]:
@@ -219,14 +225,14 @@ class LinearCost(ShapeCost):
 
     def step(self, shape: BatchShape) -> StepCost:
         """Linear in tokens computed and rows in the batch."""
-        seconds = (self.base_s + self.per_token_s * shape.num_tokens
-                   + self.per_seq_s * len(shape.new_tokens))
-        return StepCost(seconds, bound="linear")
+        return StepCost(linear_seconds(self.base_s, self.per_token_s, self.per_seq_s,
+                                       shape.num_tokens, len(shape.new_tokens)), bound="linear")
 
     def decode_step(self, rows: int, kv_tokens: int, c_min: int, c_max: int
                     ) -> tuple[float, float, float, str]:
         """``(seconds, flops, bytes, bound)`` of ``rows`` one-token decodes, as ``step``."""
-        return self.base_s + self.per_token_s * rows + self.per_seq_s * rows, 0.0, 0.0, "linear"
+        return (linear_seconds(self.base_s, self.per_token_s, self.per_seq_s, rows, rows), 0.0,
+                0.0, "linear")
 
     def decode_series(self, rows: int, kv_tokens: int, c_min: int, c_max: int, k: int
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
@@ -236,9 +242,9 @@ class LinearCost(ShapeCost):
     def mixed_step(self, dec_rows: int, dec_kv: int, dec_c_min: int, dec_c_max: int,
                    prompts: tuple[int, ...]) -> StepCost:
         """``step`` of ``dec_rows`` decodes batched with whole ``prompts``."""
-        tokens = dec_rows + sum(prompts)
-        return StepCost(self.base_s + self.per_token_s * tokens
-                        + self.per_seq_s * (dec_rows + len(prompts)), bound="linear")
+        return StepCost(linear_seconds(self.base_s, self.per_token_s, self.per_seq_s,
+                                       dec_rows + sum(prompts), dec_rows + len(prompts)),
+                        bound="linear")
 
 
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:

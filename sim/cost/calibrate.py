@@ -31,7 +31,7 @@ import pandas as pd
 from sim.core.paths import checkout_root
 from sim.cost.calibration_input import CalibrationError, check_columns, read_csv
 from sim.cost.profiles import GpuProfile, ProfileError, load_gpu
-from sim.cost.roofline import PREFILL_TILE_TOKENS
+from sim.cost.roofline_terms import PREFILL_TILE_TOKENS
 
 #: Parameter name → (initial value, lower bound, upper bound); the order is the fit vector's.
 GEMM_PARAMS: dict[str, tuple[float, float, float]] = {

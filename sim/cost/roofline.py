@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
 from sim.core.types import BatchShape, StepCost
-from sim.cost.aggregate import PREFILL_TILE_TOKENS, AggregateSteps
+from sim.cost.aggregate import AggregateSteps
 from sim.cost.base import ShapeCost, StepSeries
 from sim.cost.profile_schema import check_overrides
 from sim.cost.profiles import (
@@ -33,6 +33,28 @@ from sim.cost.profiles import (
     load_engine,
     load_gpu,
     load_model,
+)
+from sim.cost.roofline_terms import (
+    A_USES_MIN,
+    BOUND_NAMES,
+    D_ATT_LAT,
+    D_COMM_L,
+    D_EMB_S,
+    D_LM_S,
+    D_NORMS_L,
+    D_OVERHEAD,
+    NUM_ATTENTION_TERMS,
+    NUM_DENSE_TERMS,
+    allreduce_s,
+    assemble_step,
+    attention_ops,
+    attention_seconds,
+    decode_tail_s,
+    decode_unit_s,
+    dense_gemms,
+    overhead_s,
+    prefill_peak_eff,
+    prefill_unit_s,
 )
 
 _ACT_BYTES = 2.0  # activations stay bf16/fp16 whatever the weight format
@@ -112,26 +134,11 @@ def _calibration_value(cal: object, key: str, default: float) -> float:
     return default if value is None else value
 
 
-def _operator_adder(secs: dict[str, float], tally: list[float], lat: float):  # noqa: ANN202
-    """``add(name, (compute s, memory s, flops, bytes), kernels=1)``: one operator's time
-    ``max(compute, memory) + kernels × latency`` added to ``secs[name]`` and to the compute-
-    or memory-bound tally, its flops and bytes to theirs (the accounting ``step`` does)."""
-
-    def add(name: str, op: tuple[float, float, float, float], kernels: int = 1) -> None:
-        tc, tm, f, b = op
-        t = max(tc, tm) + kernels * lat
-        secs[name] = secs.get(name, 0.0) + t
-        tally[0 if tc > tm else 1] += t
-        tally[2] += f
-        tally[3] += b
-
-    return add
-
-
 def allreduce_seconds(alpha_s: float, n: int, msg_bytes: float, bus_bytes_per_s: float
                       ) -> float:
-    """One ring all-reduce of ``msg_bytes`` over ``n`` GPUs: ``α + 2(n−1)/n · bytes / bus``."""
-    return alpha_s + 2 * (n - 1) / n * msg_bytes / bus_bytes_per_s
+    """One ring all-reduce of ``msg_bytes`` over ``n`` GPUs: ``α + 2(n−1)/n · bytes / bus``
+    (``roofline_terms.allreduce_s``)."""
+    return allreduce_s(alpha_s, n, msg_bytes, bus_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -167,8 +174,6 @@ class RooflineCost(AggregateSteps, ShapeCost):
     _bw: float = field(init=False, repr=False, compare=False)  # effective HBM bytes/s
     _bus: float = field(init=False, repr=False, compare=False)  # all-reduce bus bytes/s
     _alpha: float = field(init=False, repr=False, compare=False)  # all-reduce latency (s)
-    _dense_memo: dict[tuple[float, int], tuple[Any, ...]] = field(init=False, repr=False,
-                                                                  compare=False)
 
     def __post_init__(self) -> None:
         m, tp, p = self.model, self.tp, self.params
@@ -207,8 +212,25 @@ class RooflineCost(AggregateSteps, ShapeCost):
         bus = (ic.bus_bw_gbps if ic.nvlink_gbps > 0 else self.gpu.pcie_gbps) * 1e9 * p.comm_eff
         setf(self, "_bus", bus)
         setf(self, "_alpha", p.allreduce_alpha_s + p.alpha_per_peer_s * max(0, tp - 2))
+        terms = (self._attn_flops_pair, self._kv_bytes_tok_layer, self._gqa_lat,
+                 p.attention_row_tokens, self._q_bytes_tok, peak, p.attention_compute_eff,
+                 self._att_bw, self._hkv, self._split, p.attention_decode_par_half,
+                 p.attention_m_half, p.attention_pad_tokens, hq, p.attention_prefill_par_half,
+                 1.0 if p.attention_row_tokens + 1.0 > self._split else 0.0)
+        assert len(terms) == NUM_ATTENTION_TERMS
+        setf(self, "_terms", terms)  # ``attention_terms()``, named by ``roofline_terms.A_*``
+        setf(self, "_step_memo", {})  # (T, rows) -> (dense constants, breakdown base)
         setf(self, "_decode_consts", {})  # rows -> ``decode_constants(rows)``
-        setf(self, "_dense_memo", {})  # (T, rows) -> ``_dense(T, rows)``
+        g_qkv, g_o, g_up, g_down = self._gemms
+        dense = (p.kernel_latency_s, peak, self._bw, wb, p.compute_eff_max, p.compute_m_half,
+                 g_qkv.n, g_qkv.k, g_o.n, g_o.k, g_up.n, g_up.k, g_down.n, g_down.k,
+                 1.0 if m.is_moe else 0.0, float(m.num_experts or 1), float(m.top_k or 1),
+                 float(m.hidden_size), self._q_bytes_tok, float(tp), self._alpha, bus,
+                 p.allreduce_floor_s, m.vocab_size / tp, p.per_step_s, p.per_seq_s,
+                 p.per_layer_launch_s, float(m.num_layers), p.attention_latency_s,
+                 p.attention_row_tokens, self._kv_bytes_tok_layer)
+        assert len(dense) == NUM_DENSE_TERMS
+        setf(self, "_g", dense)  # ``dense_terms()``, named by ``roofline_terms.G_*``
         setf(self, "_prefill_consts", {})  # (T, rows) -> ``dense_constants(T, rows)``
         setf(self, "_decode_fn", [])  # the ``decode_step_function`` closure, once built
 
@@ -227,29 +249,22 @@ class RooflineCost(AggregateSteps, ShapeCost):
         p = self.params
         return p.compute_eff_max * m / (m + p.compute_m_half)
 
-    def _gemm(self, m: float, g: _Gemm, experts: float = 1.0, m_rows: float | None = None
-              ) -> tuple[float, float, float, float]:
-        """(compute s, memory s, flops, bytes) of ``m`` tokens through ``g``; MoE reads
-        ``experts`` weight sets and each expert GEMM sees ``m_rows`` tokens on average."""
-        flops = 2.0 * m * g.n * g.k
-        nbytes = experts * g.n * g.k * self._wb + m * (g.n + g.k) * _ACT_BYTES
-        eff = self.compute_eff(m if m_rows is None else m_rows)
-        return flops / (self._peak * eff), nbytes / self._bw, flops, nbytes
-
     @overload
     def _decode_unit_s(self, c: float) -> float: ...
     @overload
     def _decode_unit_s(self, c: np.ndarray) -> np.ndarray: ...
 
     def _decode_unit_s(self, c: float | np.ndarray) -> float | np.ndarray:
-        """Seconds of one parallel unit of a decode row attending ``c`` keys: the row's time
-        over its KV streams ``hkv · (1 + c / split_tokens)``. Works on floats and arrays."""
+        """Seconds of one parallel unit of a decode row attending ``c`` keys
+        (``roofline_terms.decode_unit_s``); on arrays, the same operations elementwise (what
+        ``step_series`` costs a stretch of decode steps with)."""
+        if not isinstance(c, np.ndarray):
+            return decode_unit_s(self._terms, c)
         p = self.params
         tc = self._attn_flops_pair * c / (self._peak * p.attention_compute_eff)
         tm = (self._kv_bytes_tok_layer * (c + p.attention_row_tokens + 1.0)
               + self._q_bytes_tok) / self._att_bw
-        t = np.maximum(tc, tm) if isinstance(c, np.ndarray) else max(tc, tm)
-        return t / (self._hkv * (1.0 + c / self._split))
+        return np.maximum(tc, tm) / (self._hkv * (1.0 + c / self._split))
 
     @overload
     def _decode_tail_s(self, c_min: float, c_max: float) -> float: ...
@@ -258,35 +273,43 @@ class RooflineCost(AggregateSteps, ShapeCost):
 
     def _decode_tail_s(self, c_min: float | np.ndarray, c_max: float | np.ndarray
                        ) -> float | np.ndarray:
-        """Under-filled-SM cost of decode attention: ``par_half`` units of the slowest row.
-        The unit time is a ratio of linear maps in the context (quasi-convex), so the slowest
-        row is the shortest or the longest; when the unit time grows with the context
-        (``row_tokens + 1 <= split_tokens``, every fitted GPU) only the longest is looked at,
-        and the step time stays monotone in work."""
+        """Under-filled-SM cost of decode attention: ``par_half`` units of the slowest row
+        (``roofline_terms.decode_tail_s``). The unit time is a ratio of linear maps in the
+        context (quasi-convex), so the slowest row is the shortest or the longest; when the
+        unit time grows with the context (``row_tokens + 1 <= split_tokens``, every fitted GPU)
+        only the longest is looked at, and the step time stays monotone in work."""
+        if not isinstance(c_max, np.ndarray):
+            return decode_tail_s(self._terms, float(c_min), c_max)
         slow = self._decode_unit_s(c_max)
-        if self.params.attention_row_tokens + 1.0 > self._split:
-            low = self._decode_unit_s(c_min)
-            slow = np.maximum(slow, low) if isinstance(slow, np.ndarray) else max(slow, low)
+        if self._terms[A_USES_MIN]:
+            slow = np.maximum(slow, self._decode_unit_s(c_min))
         return self.params.attention_decode_par_half * slow
 
+    def attention_terms(self) -> tuple[float, ...]:
+        """The model constants the attention terms read, in the slots of
+        ``sim.cost.roofline_terms`` (``A_*``): what a compiled interpreter costs steps with."""
+        return self._terms
+
     def _attention(self, new: np.ndarray, ctx: np.ndarray, tokens: int
-                   ) -> tuple[list[float], ...]:
-        """[compute s, memory s, flops, bytes] of one layer's decode and prefill attention.
+                   ) -> tuple[int, float, float, float, float, float, float, float, float]:
+        """One layer's decode and prefill attention operators (``roofline_terms.attention_ops``)
+        from the batch's reductions, in numpy.
 
         On top of the roofline the kernel pays ``par_half`` extra units of its slowest row's
         per-unit time (the larger of the decode and prefill tails): for a uniform batch of
         ``P`` units, ``t · (1 + par_half / P)``."""
-        p, w, rows = self.params, self.model.sliding_window, len(new)
+        w, rows = self.model.sliding_window, len(new)
+        terms = self._terms
         if w is not None:
             ctx_w = np.minimum(ctx, w)
+        worst = peak_eff = 0.0
         if tokens == rows:  # pure decode, the common case: keep it to few reductions
-            n_dec, new_pf = rows, 0
-            c_dec = ctx if w is None else ctx_w
-            kv_dec = pairs_all = kv_all = int(c_dec.sum())
+            n_dec = rows
+            c_all = ctx if w is None else ctx_w
+            kv_dec = pairs_all = kv_all = int(c_all.sum())
         else:
             dec = new == 1
             n_dec = int(np.count_nonzero(dec))
-            new_pf = tokens - n_dec
             if w is None:  # causal: query i of a chunk sees ctx - new + i keys
                 pairs = new * ctx - (new * new - new) // 2
                 kv_tok = ctx
@@ -297,40 +320,21 @@ class RooflineCost(AggregateSteps, ShapeCost):
                 kv_tok = np.minimum(ctx, w + new - 1)
             pairs_all = int(pairs.sum())
             kv_all = int(kv_tok.sum())
-            c_dec = kv_tok[dec]
-            kv_dec = int(c_dec.sum()) if n_dec else 0
-        fpp, kvt, bw = self._attn_flops_pair, self._kv_bytes_tok_layer, self._att_bw
-        out = []
-        # every row streams its KV: the decode-style tail covers prefill rows too, so a row
-        # turning from decode into a prefill chunk never lowers it
-        c_all = c_dec if new_pf == 0 else kv_tok
-        c_min = float(c_all.min()) if p.attention_row_tokens + 1.0 > self._split \
-            else 0.0
-        tail = self._decode_tail_s(c_min, float(c_all.max()))
-        if n_dec:  # decode: one query per row, reads the row's whole (windowed) KV
-            f = fpp * kv_dec
-            b = kvt * (kv_dec + n_dec * p.attention_row_tokens) + n_dec * (kvt + self._q_bytes_tok)
-            g = self._gqa_lat  # the decode kernel's head-layout swap
-            out.append([f / (self._peak * p.attention_compute_eff) + g, b / bw + g, f, b])
-        if new_pf:  # prefill chunks: causal FLOPs against the context; short chunks run worse
-            f = fpp * (pairs_all - kv_dec)
-            rows_pf = len(new) - n_dec  # each row also pays the fixed per-sequence work
-            b = (kvt * (kv_all - kv_dec + new_pf + rows_pf * p.attention_row_tokens)
-                 + self._q_bytes_tok * new_pf)
-            chunk = new_pf / rows_pf
-            eff = p.attention_compute_eff * chunk / (chunk + p.attention_m_half)
-            # each query also computes the masked half of its diagonal tile (pad_tokens keys)
-            pad = fpp * p.attention_pad_tokens
-            n_p, pairs_p, kv_p = new[~dec], pairs[~dec], kv_tok[~dec]
-            unit = np.maximum((fpp * pairs_p + pad * n_p) / (self._peak * eff),
-                              (kvt * (kv_p + n_p + p.attention_row_tokens)
-                               + self._q_bytes_tok * n_p) / bw)
-            unit = unit / (self._hq * (1.0 + n_p / PREFILL_TILE_TOKENS))  # query-head tiles
-            tail = max(tail, p.attention_prefill_par_half * float(unit.max()))
-            out.append([(f + pad * new_pf) / (self._peak * eff), b / bw, f, b])
-        out[-1][0] += tail  # one kernel: its slowest unit sets the under-filled tail
-        out[-1][1] += tail
-        return tuple(out)
+            kv_dec = int(kv_tok[dec].sum()) if n_dec else 0
+            # every row streams its KV: the decode-style tail covers prefill rows too, so a row
+            # turning from decode into a prefill chunk never lowers it
+            c_all = kv_tok
+            prefill = ~dec
+            peak_eff = prefill_peak_eff(terms, tokens - n_dec, rows - n_dec)
+            first_unit = True
+            for n, pr, kv in zip(new[prefill].tolist(), pairs[prefill].tolist(),
+                                 kv_tok[prefill].tolist(), strict=True):
+                u = prefill_unit_s(terms, n, pr, kv, peak_eff)
+                if first_unit or u > worst:
+                    worst, first_unit = u, False
+        c_min = float(c_all.min()) if terms[A_USES_MIN] else 0.0
+        return attention_ops(terms, rows, tokens, n_dec, kv_dec, pairs_all, kv_all, c_min,
+                             float(c_all.max()), worst, peak_eff)
 
     def step(self, shape: BatchShape) -> StepCost:
         """Cost of one forward pass over ``shape`` on all ``tp`` GPUs (time is per GPU, in
@@ -340,87 +344,47 @@ class RooflineCost(AggregateSteps, ShapeCost):
         if rows == 0:
             overhead = self._overhead(rows)
             return StepCost(overhead, bound="overhead", breakdown={"overhead": overhead})
-        T = float(new.sum())
-        return self._assemble(T, rows, self._attention(new, ctx, int(T)))
+        T = int(new.sum())
+        return self._assemble(float(T), rows, self._attention(new, ctx, T))
 
     def _overhead(self, rows: int) -> float:
         """The engine's CPU-side seconds of a step of ``rows`` rows (its TP terms included)."""
         p = self.params
-        return p.per_step_s + p.per_seq_s * rows + p.per_layer_launch_s * self.model.num_layers
+        return overhead_s(p.per_step_s, p.per_seq_s, p.per_layer_launch_s, rows,
+                          self.model.num_layers)
 
-    def _dense(self, T: float, rows: int) -> tuple:
-        """The parts of ``step`` attention does not touch, for ``T`` tokens in ``rows`` rows:
-        the GEMMs' seconds and tallies, the norms, the all-reduce, the embedding and LM head
-        operators and the overhead (memoized: they depend on nothing else)."""
+    def dense_terms(self) -> tuple[float, ...]:
+        """The model constants the parts of a step attention does not touch read, in the slots
+        of ``sim.cost.roofline_terms`` (``G_*``): ``dense_constants`` is computed from them."""
+        return self._g
+
+    def _assemble(self, T: float, rows: int,
+                  ops: tuple[int, float, float, float, float, float, float, float, float]
+                  ) -> StepCost:
+        """``step``'s total from the dense constants of ``(T, rows)`` and the attention
+        operators (``roofline_terms.assemble_step``), with its per-operator breakdown."""
         key = (T, rows)
-        dense = self._dense_memo.get(key)
-        if dense is not None:
-            return dense
-        p, m = self.params, self.model
-        lat = p.kernel_latency_s
-        secs: dict[str, float] = {}
-        tally = [0.0, 0.0, 0.0, 0.0]
-        add = _operator_adder(secs, tally, lat)
-
-        g_qkv, g_o, g_up, g_down = self._gemms
-        add("qkv_proj", self._gemm(T, g_qkv))
-        add("o_proj", self._gemm(T, g_o))
-        if m.is_moe:  # expected distinct experts T tokens touch with top-k routing
-            e, k = m.num_experts, m.top_k
-            touched = e * (1.0 - (1.0 - k / e) ** T)
-            add("mlp", self._gemm(T * k, g_up, touched, T * k / touched))
-            add("mlp", self._gemm(T * k, g_down, touched, T * k / touched))
-        else:
-            add("mlp", self._gemm(T, g_up))
-            add("mlp", self._gemm(T, g_down))
-        # two norms (+ residual), rope, activation: read+write activations, memory-bound
-        h = m.hidden_size
-        elem = T * _ACT_BYTES * (6 * h + self._q_bytes_tok / _ACT_BYTES + 3 * g_down.k)
-        norms = (0.0, elem / self._bw, 0.0, elem)
-        comm = 0.0
-        if self.tp > 1:  # Megatron TP: one all-reduce after attention, one after the MLP
-            # the kernel-level time, or the engine's framework-level floor when that is longer
-            one = allreduce_seconds(self._alpha, self.tp, T * h * _ACT_BYTES, self._bus)
-            comm = 2 * max(one, p.allreduce_floor_s)
-        # embedding gather, then the LM head for the one sampling position per row
-        emb = T * h * self._wb
-        lm_head = self._gemm(float(rows), _Gemm("lm_head", m.vocab_size / self.tp, h))
-        overhead = self._overhead(rows)
-        dense = (tuple(secs.items()), tuple(tally), norms, comm,
-                 (0.0, emb / self._bw, 0.0, emb), lm_head, overhead)
-        if len(self._dense_memo) > 1 << 16:  # bound the memo
-            self._dense_memo.clear()
-        self._dense_memo[key] = dense
-        return dense
-
-    def _assemble(self, T: float, rows: int, attention: tuple[list[float], ...]) -> StepCost:
-        """``step``'s total from the dense parts of ``(T, rows)`` and the attention ops."""
-        dense_secs, dense_tally, norms, comm, emb, lm_head, overhead = self._dense(T, rows)
-        p, L = self.params, self.model.num_layers
-        lat = p.kernel_latency_s
-        secs = dict(dense_secs)
-        tally = list(dense_tally)  # per layer: compute-bound s, memory-bound s, flops, bytes
-        add = _operator_adder(secs, tally, lat)
-
-        for op in attention:
-            add("attention", op, 0)
-        secs["attention"] += p.attention_latency_s + lat  # attention kernel + KV-cache write
-        tally[1] += p.attention_latency_s + lat
-        add("norms", norms, 4)
-        if self.tp > 1:
-            secs["allreduce"] = comm
-        seconds = {name: t * L for name, t in secs.items()}
-        compute_s, memory_s, flops, nbytes = (x * L for x in tally)
-        tally[:] = [0.0, 0.0, 0.0, 0.0]
-        add("embedding", emb)
-        add("lm_head", lm_head)
-        seconds["embedding"], seconds["lm_head"] = secs["embedding"], secs["lm_head"]
-        seconds["overhead"] = overhead
-        compute_s, memory_s = compute_s + tally[0], memory_s + tally[1]
-        flops, nbytes = flops + tally[2], nbytes + tally[3]
-        bound = max((compute_s, "compute"), (memory_s, "memory"), (comm * L, "comm"),
-                    (overhead, "overhead"))[1]
-        return StepCost(sum(seconds.values()), flops * self.tp, nbytes * self.tp, bound, seconds)
+        memo = self._step_memo.get(key)
+        if memo is None:
+            if len(self._step_memo) > 1 << 16:  # bound the memo
+                self._step_memo.clear()
+            d = self.dense_constants(T, rows)
+            L = self.model.num_layers
+            t_qkv, t_o, t_mlp = dense_gemms(self._g, T)[:3]
+            memo = self._step_memo[key] = (d, (("qkv_proj", t_qkv * L), ("o_proj", t_o * L),
+                                               ("mlp", t_mlp * L)))
+        d, dense_part = memo
+        L, tp = self.model.num_layers, self.tp
+        seconds, flops, nbytes, code = assemble_step(d, *ops, L, tp)
+        breakdown = dict(dense_part)
+        breakdown["attention"] = (attention_seconds(ops[0], ops[1], ops[2], ops[5], ops[6])
+                                  + d[D_ATT_LAT]) * L
+        breakdown["norms"] = d[D_NORMS_L]
+        if tp > 1:
+            breakdown["allreduce"] = d[D_COMM_L]
+        breakdown["embedding"], breakdown["lm_head"] = d[D_EMB_S], d[D_LM_S]
+        breakdown["overhead"] = d[D_OVERHEAD]
+        return StepCost(seconds, flops, nbytes, BOUND_NAMES[code], breakdown)
 
     def step_series(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """Successive pure-decode steps in numpy: only attention changes as contexts grow.

@@ -1,11 +1,11 @@
-"""Which engine runs a simulation, decided by an allow-list: the fast paths fail closed.
+"""Which engine runs a simulation, decided by an allow-list: the compiled tier fails closed.
 
 Every field of the scheduling specification (``SchedulingSpec``) and of ``KVConfig`` is mapped
-here to the values the exact fast path (``sim.engine.fastpath``) covers — ``ANY`` for all of
-them — and the compiled kernel (``sim.engine.fastkernel``) narrows that further. A run takes a
-fast path only when its policy is a built-in preset of the specification (``continuous``,
-``chunked_prefill``, ``scheduler``; exactly those classes, not subclasses) and every field's
-value is allowed; anything else — a value not listed, a field nobody mapped, a custom policy —
+here to the values the compiled interpreter (``sim.engine.compiled``) covers — ``ANY`` for all
+of them. A run takes it only when its policy is a built-in preset of the specification
+(``continuous``, ``chunked_prefill``, ``scheduler``; exactly those classes, not subclasses),
+every field's value is allowed and the cost model is one the interpreter costs itself;
+anything else — a value not listed, a field nobody mapped, a custom policy or cost model —
 runs on the general engine, and ``SimResult.engine_reason`` says which setting sent it there.
 A test fails when a field of either dataclass is missing from these tables.
 """
@@ -19,6 +19,8 @@ from policies.chunked_prefill import ChunkedPrefill
 from policies.continuous import ContinuousBatching
 from policies.scheduler import Scheduler
 from sim.core.scheduling import SchedulingSpec
+from sim.cost.base import ConstantCost, LinearCost
+from sim.cost.roofline import RooflineCost
 from sim.kv.config import KVConfig
 
 #: Every value of a field is covered.
@@ -27,22 +29,22 @@ ANY = None
 #: The policy classes whose ``spec`` the fast paths interpret (their exact types).
 SPEC_POLICIES = (ContinuousBatching, ChunkedPrefill, Scheduler)
 
-#: ``SchedulingSpec`` field -> values the exact fast path covers.
-FAST_SPEC: Mapping[str, frozenset[Any] | None] = {
-    "composition": frozenset({"prefill_first", "mixed"}),
-    "admission": frozenset({"whole"}),
-    "chunk_size": ANY,  # null with whole admission, the only kind covered
+#: ``SchedulingSpec`` field -> values the compiled interpreter covers: all of them.
+COMPILED_SPEC: Mapping[str, frozenset[Any] | None] = {
+    "composition": ANY,
+    "admission": ANY,
+    "chunk_size": ANY,
     "max_num_seqs": ANY,
     "max_num_batched_tokens": ANY,
     "watermark": ANY,
-    "order": frozenset({"fcfs"}),
-    "victim": frozenset({"newest"}),
-    "ttft_target_s": ANY,  # read by the edf order and the deadline victim only
+    "order": ANY,
+    "victim": ANY,
+    "ttft_target_s": ANY,
     "ttft_targets_s": ANY,
 }
 
-#: ``KVConfig`` field -> values the exact fast path covers.
-FAST_KV: Mapping[str, frozenset[Any] | None] = {
+#: ``KVConfig`` field -> values the compiled interpreter covers.
+COMPILED_KV: Mapping[str, frozenset[Any] | None] = {
     "num_blocks": ANY,
     "block_size": ANY,
     "allocator": frozenset({"paged"}),
@@ -57,10 +59,16 @@ FAST_KV: Mapping[str, frozenset[Any] | None] = {
     "prefix_caching": frozenset({False}),
 }
 
-#: What the compiled kernel covers beyond ``FAST_SPEC``'s restrictions (the rest as there).
-COMPILED_SPEC: Mapping[str, frozenset[Any]] = {
-    "composition": frozenset({"prefill_first"}),
-}
+#: Where ``SimResult.engine_reason`` says the allow-lists sent a run.
+PATH = "compiled interpreter"
+
+
+def cost_kind(cost: object) -> int:
+    """The compiled interpreter's code for a cost model: 0 ``RooflineCost`` (without a sliding
+    window), 1 ``ConstantCost``, 2 ``LinearCost`` (exactly those classes); -1 for any other."""
+    if isinstance(cost, RooflineCost):
+        return 0 if cost.model.sliding_window is None else -1
+    return {ConstantCost: 1, LinearCost: 2}.get(type(cost), -1)
 
 
 def spec_of(policy: object) -> SchedulingSpec | None:
@@ -88,32 +96,21 @@ def uncovered(value: object, table: Mapping[str, frozenset[Any] | None], prefix:
 
 def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, checks: bool,
                       event_skipping: bool) -> str:
-    """Why this run cannot take the exact fast path ('' when it can)."""
+    """Why this run cannot take the compiled interpreter ('' when it can)."""
     spec = spec_of(policy)
     if spec is None:
         return (f"policy {getattr(policy, 'name', type(policy).__name__)!r} is not a preset of "
                 "the scheduling specification")
-    why = (uncovered(spec, FAST_SPEC, "policy.", "fast path")
-           or uncovered(kv, FAST_KV, "kv.", "fast path"))
+    why = (uncovered(spec, COMPILED_SPEC, "policy.", PATH)
+           or uncovered(kv, COMPILED_KV, "kv.", PATH))
     if why:
         return why
-    if spec.composition == "mixed" and not callable(getattr(cost, "mixed_step", None)):
-        return "composition 'mixed' with a cost model that has no mixed_step"
     if checks:
         return "per-step invariant checks (checks=True)"
     if not event_skipping:
         return "event skipping off"
-    if not callable(getattr(cost, "decode_step", None)):
-        return "the cost model has no decode_step"
     if getattr(getattr(cost, "model", None), "sliding_window", None) is not None:
         return "a sliding-window model"
-    return ""
-
-
-def compiled_spec_blocker(spec: SchedulingSpec) -> str:
-    """Why the kernel cannot run a specification the fast path covers ('' when it can)."""
-    for name, allowed in COMPILED_SPEC.items():
-        value = getattr(spec, name)
-        if value not in allowed:
-            return f"policy.{name}={value!r} is not covered by the compiled kernel"
+    if cost_kind(cost) < 0:
+        return "the cost model is not a RooflineCost, ConstantCost or LinearCost"
     return ""

@@ -27,9 +27,8 @@ from sim.core.types import Request
 from sim.cost.base import CostModel
 from sim.cost.checked import checked_cost
 from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
-from sim.engine import fastkernel
-from sim.engine.coverage import compiled_spec_blocker, fast_path_blocker, spec_of
-from sim.engine.fastpath import FastResult, run_continuous
+from sim.engine.compiled import COMPILED_MIN_REQUESTS, Outcomes
+from sim.engine.coverage import fast_path_blocker, spec_of
 from sim.engine.inputs import check_run_args, check_run_limits, request_columns
 from sim.engine.replica import EngineError, Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
@@ -70,12 +69,11 @@ class SimResult:
     engine_profile: str = "none"
     #: ``"full"`` (``steps`` has one row per step) or ``"buckets"`` (``sim.metrics.stream``).
     step_table: str = "full"
-    #: Which simulator engine ran: ``"compiled"`` (the numba kernel), ``"fast"`` (the
-    #: interpreted fast path) or ``"general"`` (``sim.engine.replica``); replicas that took
-    #: different ones are listed, e.g. ``"compiled+fast"``.
+    #: Which simulator engine ran: ``"compiled"`` (the compiled interpreter of the scheduling
+    #: specification, ``sim.engine.compiled``) or ``"general"`` (``sim.engine.replica``).
     engine: str = "general"
-    #: Why no faster engine ran ('' for the compiled kernel): the setting that sent the run to
-    #: the fast path or the general engine (``sim.engine.coverage``).
+    #: Why no faster engine ran ('' for the compiled interpreter): the setting that sent the
+    #: run to the general engine (``sim.engine.coverage``), or its size.
     engine_reason: str = ""
     #: Per-replica summary of a routed run (``sim.cluster``), else ``None``.
     replicas: pd.DataFrame | None = None
@@ -119,15 +117,14 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     end a run early; its summary then says ``partial: True``. ``max_model_len`` rejects
     requests whose prompt + output exceed it (vLLM's context limit); ``"model"`` takes the cost
     model's ``model.max_position_embeddings`` when it has one, ``None`` means no limit.
-    ``fast_path`` lets a run the exact fast path covers (``sim.engine.fastpath``; the allow-list
-    of ``sim.engine.coverage``: whole-prompt FCFS specifications such as continuous batching in
-    vLLM or Orca mode, paged KV with recompute) use it; ``False`` forces the general engine.
-    ``SimResult.engine`` and ``engine_reason`` say which engine ran and why no faster one did.
-    ``True`` runs replicas with at least ``COMPILED_MIN_REQUESTS`` requests in vLLM mode
-    (roofline, constant or linear cost) through the compiled kernel (``sim.engine.fastkernel``) and
-    the rest interpreted; ``"compiled"`` and ``"interpreted"`` choose one of the two whatever
-    the size (``"compiled"`` falls back to interpreted where the kernel does not apply). All give
-    the same results, bit for bit. ``step_table`` keeps one row per step (``"full"``), or
+    ``fast_path`` lets a run the compiled interpreter covers (``sim.engine.compiled``; the
+    allow-list of ``sim.engine.coverage``: every specification of the built-in presets, paged
+    KV with recompute, roofline, constant or linear cost) use it; ``False`` forces the general
+    engine. ``SimResult.engine`` and ``engine_reason`` say which engine ran and why no faster
+    one did. ``True`` takes it when a replica has at least ``COMPILED_MIN_REQUESTS`` requests
+    (below that, loading it costs more than it saves); ``"compiled"`` takes it whatever the
+    size and ``"interpreted"`` keeps the general engine. All give the same results, bit for
+    bit. ``step_table`` keeps one row per step (``"full"``), or
     folds the rows into fixed time buckets as the run goes (``"buckets"``:
     ``sim.metrics.stream``, memory flat in the number of steps; every summary metric still
     computed from every step), or keeps them whole up to ``AUTO_MAX_STEPS`` steps and
@@ -178,20 +175,24 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
               fast_path_blocker(policies[0], kv_config, cost, checks=checks,
                                 event_skipping=event_skipping) if fast_path
               else "fast_path=False")
-    engines: list[tuple[str, str]] = [("general", reason)]
+    if not reason:
+        reason = _size_blocker(len(cols["arrival_s"]), num_replicas, fast_path)
+    engine = "general"
     if not reason:
         # replicas never interact: each runs alone on its round-robin share
         if cols["id"].dtype == object:
             raise InputError("must all be integers on the fast path", field="requests[].id")
+        if _needs_priority(policies[0]):
+            cols["priority"] = _priorities(requests)
         cols = _arrival_order(cols)
         logs = [new_log() for _ in policies]
         if monitor is not None:
             monitor(logs, cols["arrival_s"])
-        runs = [_run_fast(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
-                          fast_path, max_model_len=limit, horizon_s=horizon_s,
-                          deadline=deadline) for k in range(num_replicas)]
-        engines = [(engine, why) for _, engine, why in runs]
-        table = _fast_request_table(cols, [out for out, _, _ in runs])
+        runs = [_run_compiled(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
+                              max_model_len=limit, horizon_s=horizon_s, deadline=deadline)
+                for k in range(num_replicas)]
+        engine = "compiled"
+        table = _fast_request_table(cols, runs)
     else:
         if isinstance(requests, TraceArrays):
             requests = requests.to_requests()
@@ -227,11 +228,24 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                     for k in VALIDITY_COLUMNS})
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
-    names = dict.fromkeys(engine for engine, _ in engines)
-    reasons = dict.fromkeys(why for _, why in engines if why)
     return SimResult(table, steps, summary, (gaps, counts), kv_config, engine_profile(cost),
-                     "buckets" if stream is not None else "full", "+".join(names),
-                     "; ".join(reasons))
+                     "buckets" if stream is not None else "full", engine, reason)
+
+
+def _needs_priority(policy: Policy) -> bool:
+    """Whether the specification reads the requests' priorities (its order or victim)."""
+    spec = spec_of(policy)
+    return spec is not None and (spec.order in ("priority", "edf")
+                                 or spec.victim in ("priority", "deadline"))
+
+
+def _priorities(requests: Sequence[Request] | TraceArrays) -> np.ndarray:
+    """The requests' priorities, in input order (0 where a trace has none)."""
+    if isinstance(requests, TraceArrays):
+        n = len(requests.arrival_s)
+        return (np.zeros(n, dtype=np.int64) if requests.priority is None
+                else np.asarray(requests.priority, dtype=np.int64))
+    return np.fromiter((r.priority for r in requests), np.int64, len(requests))
 
 
 def _bucketed(logs: list[StepLog], table: pd.DataFrame) -> StepStream | None:
@@ -260,34 +274,33 @@ def engine_profile(cost: CostModel) -> str:
 _FAST_PATH_CHOICES = (True, False, "compiled", "interpreted")
 
 
-def _run_fast(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Policy,
-              cost: CostModel, kv: KVConfig, log: StepLog, choice: bool | str, *,
-              max_model_len: int | None, horizon_s: float | None,
-              deadline: float | None) -> tuple[FastResult, str, str]:
-    """Run replica ``k``'s round-robin share on the fast path, compiled or interpreted;
-    return its outcomes, the engine that ran it and why no faster one did."""
+def _run_compiled(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Policy,
+                  cost: CostModel, kv: KVConfig, log: StepLog, *, max_model_len: int | None,
+                  horizon_s: float | None, deadline: float | None) -> Outcomes:
+    """Run replica ``k``'s round-robin share on the compiled interpreter; return its
+    outcomes (in its arrival order)."""
+    from sim.engine.compiled_run import run_compiled  # numba loads here, not at import
+
     arrival, prompt, out = (cols[name][k::num_replicas] for name in
                             ("arrival_s", "num_prompt_tokens", "num_output_tokens"))
+    priority = cols["priority"][k::num_replicas] if "priority" in cols else None
     spec = spec_of(policy)
     assert spec is not None  # fast_path_blocker admitted only presets of the specification
-    large = len(arrival) >= fastkernel.COMPILED_MIN_REQUESTS
-    why = compiled_spec_blocker(spec)
-    if why:
-        pass
-    elif choice == "interpreted":
-        why = "fast_path='interpreted'"
-    elif choice is True and not large:
-        why = (f"{len(arrival)} requests on the replica, fewer than the "
-               f"{fastkernel.COMPILED_MIN_REQUESTS} that repay loading the compiled kernel")
-    else:  # the cost model, the table sizes, numba itself
-        why = fastkernel.compiled_blocker(policy, cost, len(arrival))
-    if not why:
-        return fastkernel.run_continuous_compiled(
-            arrival, prompt, out, policy, cost, kv, log, max_model_len=max_model_len,
-            horizon_s=horizon_s, deadline=deadline, replica=k), "compiled", ""
-    return run_continuous(arrival.tolist(), prompt.tolist(), out.tolist(), spec, cost, kv, log,
-                          max_model_len=max_model_len, horizon_s=horizon_s, deadline=deadline,
-                          replica=k, name=policy.name), "fast", why
+    return run_compiled(arrival, prompt, out, priority, spec, cost, kv, log,
+                        max_model_len=max_model_len, horizon_s=horizon_s, deadline=deadline,
+                        replica=k, name=policy.name)
+
+
+def _size_blocker(n: int, num_replicas: int, choice: bool | str) -> str:
+    """Why a run the compiled interpreter covers stays on the general engine anyway: asked
+    to (``fast_path='interpreted'``), or too small to repay loading it ('' when it runs)."""
+    if choice == "interpreted":
+        return "fast_path='interpreted'"
+    per_replica = -(-n // num_replicas)
+    if choice is True and per_replica < COMPILED_MIN_REQUESTS:
+        return (f"{per_replica} requests on a replica, fewer than the {COMPILED_MIN_REQUESTS} "
+                "that repay loading the compiled interpreter")
+    return ""
 
 
 def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv: KVConfig,
@@ -365,7 +378,7 @@ def _fast_request_table(cols: dict[str, np.ndarray], outs: list[Any]) -> pd.Data
 
 def _interleave(outs: list[Any], n: int) -> Any:
     """One outcome set from per-replica ones: replica ``k`` holds rows ``k, k + R, ...``."""
-    merged = FastResult(n)
+    merged = Outcomes(n)
     for name in vars(merged):
         column = getattr(merged, name)
         for k, out in enumerate(outs):

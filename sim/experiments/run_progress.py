@@ -5,7 +5,7 @@ reads the last step of each log every ``interval_s`` of wall time and draws a tq
 engine loops are untouched (no callback per step), so a run costs the same with or without
 it. Requests done = arrived − waiting − running at the start of each replica's last step
 (``done_before``; rejected requests count as done). Runs shorter than one interval draw nothing.
-A compiled replica (``sim.engine.fastkernel``) fills its log when it ends, so its bar moves at
+A compiled replica (``sim.engine.compiled``) fills its log when it ends, so its bar moves at
 replica boundaries.
 """
 from __future__ import annotations

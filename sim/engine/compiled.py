@@ -1,0 +1,289 @@
+"""The compiled interpreter of the scheduling specification: one replica's state in arrays.
+
+``CompiledReplica`` holds what ``sim.engine.compiled_loop.run`` works on — per-request
+counters and times, the running list, the waiting heap, the step log buffers — and drives it:
+``advance_until(t)`` runs scheduling points up to time ``t`` (``math.inf``: to the end),
+``append`` hands over more requests, ``close`` says no more will come. ``simulate`` builds one
+per replica with all of its requests at once; the cluster layer can drive it from outside.
+Every specification (``sim.core.scheduling.SchedulingSpec``) runs on it, on paged KV with
+recompute preemption, costed by ``RooflineCost`` (no sliding window), ``ConstantCost`` or
+``LinearCost`` (``sim.engine.coverage`` decides), bit-identical to the general engine.
+
+numba is imported only when this runs. The first run on a machine compiles the loop into
+numba's on-disk cache beside the module (tens of seconds); later processes load it in about a
+second, which is why ``simulate`` keeps runs under ``COMPILED_MIN_REQUESTS`` requests on the
+general engine.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from sim.core.rules import blocks_for, watermark_blocks
+from sim.core.scheduling import COMPOSITIONS, ORDERS, VICTIMS, SchedulingSpec
+from sim.engine import compiled_slots as slots
+from sim.engine.coverage import cost_kind
+from sim.engine.replica import never_fits
+from sim.engine.validate import EngineError
+from sim.kv.config import KVConfig
+
+#: Step columns the interpreter writes, packed row by row (``StepLog.packed_*``).
+INT_COLUMNS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_recomputed_tokens",
+               "num_waiting", "kv_used_blocks", "num_regular_itl", "kv_live_tokens")
+FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes")
+#: Step columns that are constant here (``replica``: ``StepLog.replica``; the others 0: no
+#: padding, prefix cache or swapping).
+ZERO_COLUMNS = frozenset({"replica", "num_padding_tokens", "num_padding_rows",
+                          "kv_cached_blocks", "swap_s", "swapped_bytes"})
+#: Rows the step log and the irregular-gap log start with (each doubles when full).
+INITIAL_LOG_ROWS, INITIAL_IRREGULAR_ROWS = 1 << 16, 4096
+#: Requests per replica from which ``simulate`` takes the interpreter (``fast_path=True``):
+#: below it, loading numba and the cached loop (about half a second) costs more than the
+#: general engine spends (measured: docs/performance.md).
+COMPILED_MIN_REQUESTS = 1000
+#: Steps between two looks at the wall clock when the run has a wall-clock budget.
+DEADLINE_STEPS = 4096
+
+_STATUS = np.array(["waiting", "running", "finished", "rejected"], dtype=object)
+_BIG = 1 << 62
+
+
+class Outcomes:
+    """Per-request outcome columns of a run, in the replica's arrival order."""
+
+    def __init__(self, n: int) -> None:
+        self.first_scheduled_s = np.full(n, math.nan)
+        self.first_token_s = np.full(n, math.nan)
+        self.finish_s = np.full(n, math.nan)
+        self.max_itl_s = np.zeros(n)
+        self.num_preemptions = np.zeros(n, dtype=np.int64)
+        self.num_generated = np.zeros(n, dtype=np.int64)
+        self.status: list[str] = ["waiting"] * n
+        self.reason: list[str] = [""] * n
+
+
+class CompiledReplica:
+    """One replica run by the compiled interpreter (see the module docstring)."""
+
+    def __init__(self, spec: SchedulingSpec, cost: Any, kv: KVConfig, *,
+                 max_model_len: int | None = None, horizon_s: float | None = None,
+                 name: str = "scheduler") -> None:
+        from sim.engine import compiled_loop as loop  # numba compiles or loads the loop here
+
+        self.loop, self.spec, self.cost, self.kv, self.name = loop, spec, cost, kv, name
+        self.max_model_len = max_model_len
+        whole = spec.admission == "whole"
+        self.budget = spec.max_num_batched_tokens if whole else None  # rejects longer prompts
+        kind = cost_kind(cost)
+        roofline = kind == 0
+        p = np.zeros(slots.NUM_PARAMS_I, dtype=np.int64)
+        p[slots.P_BS], p[slots.P_NUM_BLOCKS] = kv.block_size, min(kv.num_blocks, _BIG)
+        p[slots.P_CAPACITY] = min(kv.capacity_tokens, _BIG)
+        p[slots.P_MAX_SEQS], p[slots.P_MAX_TOKENS] = spec.max_num_seqs, spec.max_num_batched_tokens
+        p[slots.P_MARK] = watermark_blocks(spec.watermark, kv.num_blocks)
+        p[slots.P_LIMIT] = -1 if kv.max_preemptions is None else kv.max_preemptions
+        p[slots.P_COMPOSITION] = COMPOSITIONS.index(spec.composition)
+        p[slots.P_WHOLE], p[slots.P_CHUNK] = int(whole), spec.chunk_size or 0
+        p[slots.P_ORDER], p[slots.P_VICTIM] = ORDERS.index(spec.order), VICTIMS.index(spec.victim)
+        p[slots.P_COST] = kind
+        p[slots.P_LAYERS] = cost.model.num_layers if roofline else 1
+        p[slots.P_TP] = cost.tp if roofline else 1
+        p[slots.P_HAS_HORIZON] = int(horizon_s is not None)
+        self.params_i = p
+        self.params_f = np.array([math.inf if horizon_s is None else horizon_s])
+        self.analytic = np.array(
+            [cost.step_s, 0.0, 0.0] if kind == 1 else
+            [cost.base_s, cost.per_token_s, cost.per_seq_s] if kind == 2 else [0.0] * 3)
+        self.terms = np.array(cost.attention_terms() if roofline else [0.0], dtype=np.float64)
+        self.dense = np.array(cost.dense_terms() if roofline else [0.0], dtype=np.float64)
+        # the batch's rows (running list, plan, victims): sized by ``append``, at most
+        # ``max_num_seqs`` (or the requests handed over) plus room for the checks
+        self.running = np.empty(0, dtype=np.int64)
+        self.plan_idx = self.plan_n = self.pre_idx = self.running
+        # one row per request (its fields side by side: one cache line per request a step)
+        self.req_i = np.zeros((0, loop_rows(loop)[0]), dtype=np.int64)
+        self.req_f = np.zeros((0, loop_rows(loop)[1]))
+        self.hkeys, self.hranks = np.empty(0), np.empty(0, dtype=np.int64)
+        self.hitems, self.pending = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        self.log_i = np.empty((INITIAL_LOG_ROWS, len(INT_COLUMNS)), dtype=np.int64)
+        self.log_f = np.empty((INITIAL_LOG_ROWS, len(FLOAT_COLUMNS)))
+        self.log_b = np.empty(INITIAL_LOG_ROWS, dtype=np.int8)
+        self.irr = np.empty((INITIAL_IRREGULAR_ROWS, 2))
+        self.irr_count = np.empty(INITIAL_IRREGULAR_ROWS, dtype=np.int64)
+        self.st_i = np.zeros(slots.NUM_STATE_I, dtype=np.int64)
+        self.st_i[slots.S_ACCEPTING] = 1
+        self.st_f = np.zeros(1)
+        self.residues = np.zeros(kv.block_size, dtype=np.int64)  # a stretch's block counts
+        self.entry_reason: dict[int, str] = {}
+
+    @property
+    def num_requests(self) -> int:
+        """Requests handed over so far."""
+        return int(self.st_i[slots.S_KNOWN])
+
+    def append(self, arrival_s: np.ndarray, prompt: np.ndarray, out: np.ndarray,
+               priority: np.ndarray | None = None) -> None:
+        """Hand over more requests (arrival times sorted, none before the last one's)."""
+        from sim.engine import compiled_plan as cp
+
+        m, k = len(arrival_s), self.num_requests
+        if m == 0:
+            return
+        n = k + m
+        self.req_i = _grow(self.req_i, n)
+        self.req_f = _grow(self.req_f, n)
+        for name in ("hkeys", "hranks", "hitems", "pending"):
+            arr = getattr(self, name)
+            setattr(self, name, np.resize(arr, n) if len(arr) else np.empty(n, arr.dtype))
+        ri, rf = self.req_i, self.req_f
+        prompt = np.asarray(prompt, dtype=np.int64)
+        out = np.asarray(out, dtype=np.int64)
+        pri = np.zeros(m, dtype=np.int64) if priority is None else np.asarray(priority,
+                                                                                 np.int64)
+        ri[k:, cp.RI_PROMPT], ri[k:, cp.RI_OUT], ri[k:, cp.RI_PRIORITY] = prompt, out, pri
+        ri[k:, cp.RI_STATUS] = slots.WAITING
+        arrival = np.asarray(arrival_s, dtype=np.float64)
+        rf[k:, cp.RF_ARRIVAL] = arrival
+        spec = self.spec
+        if spec.order == "edf" or spec.victim == "deadline":
+            rf[k:, cp.RF_DEADLINE] = [a + spec.target_s(int(q)) for a, q in
+                                      zip(arrival.tolist(), pri.tolist(), strict=True)]
+        for name in ("RF_FIRST_SCHED", "RF_FIRST_TOKEN", "RF_LAST_TOKEN", "RF_FINISH"):
+            rf[k:, getattr(cp, name)] = math.nan
+        for j, why in entry_rejections(prompt, out, self.kv, self.budget,
+                                       self.max_model_len).items():
+            ri[k + j, cp.RI_ENTRY] = slots.ON_ARRIVAL
+            self.entry_reason[k + j] = why
+        rows = min(spec.max_num_seqs, n) + 2
+        if len(self.running) < rows:
+            self.running = np.resize(self.running, rows) if len(self.running) else np.empty(
+                rows, dtype=np.int64)
+            self.plan_idx = np.empty(rows, dtype=np.int64)
+            self.plan_n = np.empty(rows, dtype=np.int64)
+            self.pre_idx = np.empty(rows, dtype=np.int64)
+        self.st_i[slots.S_KNOWN] = n
+
+    def close(self) -> None:
+        """No more requests will come: the run ends once everything handed over is done."""
+        self.st_i[slots.S_ACCEPTING] = 0
+
+    def advance_until(self, t: float = math.inf, deadline: float | None = None) -> int:
+        """Run scheduling points up to time ``t`` (or the run's end, or the wall-clock
+        ``deadline``, a ``time.perf_counter`` value); returns the loop's code
+        (``compiled_slots.DONE``, ``PAUSED``, ``IDLE``)."""
+        loop = self.loop
+        steps = DEADLINE_STEPS if deadline is not None else _BIG
+        while True:
+            code = loop.run(self.req_i, self.req_f, self.running, self.hkeys, self.hranks,
+                            self.hitems, self.pending, self.plan_idx, self.plan_n,
+                            self.pre_idx, self.params_i, self.params_f, self.analytic,
+                            self.terms, self.dense, self.log_i, self.log_f, self.log_b,
+                            self.irr, self.irr_count, self.st_i, self.st_f, float(t),
+                            steps, self.residues)
+            if code == slots.LOG_FULL:
+                if self.on_log_full is not None and self.on_log_full(self):
+                    continue
+                rows = 2 * len(self.log_i)
+                self.log_i.resize((rows, len(INT_COLUMNS)), refcheck=False)
+                self.log_f.resize((rows, len(FLOAT_COLUMNS)), refcheck=False)
+                self.log_b.resize(rows, refcheck=False)
+            elif code == slots.IRR_FULL:
+                self.irr.resize((2 * len(self.irr), 2), refcheck=False)
+                self.irr_count.resize(len(self.irr), refcheck=False)
+            elif code == slots.PAUSED and deadline is not None and self.now <= t:
+                if time.perf_counter() > deadline:
+                    return slots.DONE  # wall-clock budget spent: the run ends here
+            else:
+                break
+        if code == slots.STALLED:
+            raise EngineError(
+                f"policy {self.name!r} stalled at t={self.now:.6f}s: empty plan, no "
+                f"wake_at_s, no arrivals left, {int(self.st_i[slots.S_QUEUED])} waiting and "
+                f"{int(self.st_i[slots.S_N_RUN])} running")
+        return int(code)
+
+    #: Called when the step log is full (``StepLog`` folding); True when it made room.
+    on_log_full: Any = None
+
+    @property
+    def now(self) -> float:
+        """The replica's clock: the time of its next scheduling point."""
+        return float(self.st_f[0])
+
+    @property
+    def num_steps(self) -> int:
+        """Steps logged so far (and still in the buffer)."""
+        return int(self.st_i[slots.S_N_LOG])
+
+    def outcomes(self) -> Outcomes:
+        """The per-request outcome columns now (rejection messages spelled out)."""
+        from sim.engine import compiled_plan as cp
+
+        n = self.num_requests
+        ri, rf = self.req_i[:n].T, self.req_f[:n].T  # one row per field
+        res = Outcomes(0)
+        res.first_scheduled_s = np.ascontiguousarray(rf[cp.RF_FIRST_SCHED])
+        res.first_token_s = np.ascontiguousarray(rf[cp.RF_FIRST_TOKEN])
+        res.finish_s = np.ascontiguousarray(rf[cp.RF_FINISH])
+        res.max_itl_s = np.ascontiguousarray(rf[cp.RF_MAX_ITL])
+        res.num_preemptions = np.ascontiguousarray(ri[cp.RI_NPRE])
+        res.num_generated = np.ascontiguousarray(ri[cp.RI_GENERATED])
+        res.status = _STATUS[ri[cp.RI_STATUS]].tolist()
+        reason = [""] * n
+        limit = self.kv.max_preemptions
+        for i in np.flatnonzero(ri[cp.RI_REASON]).tolist():
+            code = ri[cp.RI_REASON, i]
+            if code == slots.ON_ARRIVAL:
+                reason[i] = self.entry_reason[i]
+            elif code == slots.OVER_BUDGET:
+                reason[i] = (f"prompt of {ri[cp.RI_PROMPT, i] + ri[cp.RI_GENERATED, i]} tokens "
+                             f"exceeds max_num_batched_tokens={self.spec.max_num_batched_tokens}")
+            elif code == slots.PREEMPTED_TOO_OFTEN:
+                k = ri[cp.RI_NPRE, i]
+                reason[i] = (f"preempted {k} time{'s' if k > 1 else ''} "
+                             f"(kv.max_preemptions={limit})")
+            else:
+                reason[i] = "context outgrew the KV cache"
+        res.reason = reason
+        return res
+
+    def bounds(self, rows: int) -> np.ndarray:
+        """The bound names of the first ``rows`` logged steps (an object array)."""
+        from sim.engine.compiled_cost import BOUND_NAMES
+        return np.array(BOUND_NAMES, dtype=object)[self.log_b[:rows]]
+
+
+def loop_rows(loop: Any) -> tuple[int, int]:
+    """Rows of the per-request integer and float arrays."""
+    from sim.engine import compiled_plan as cp
+    return cp.NUM_RI, cp.NUM_RF
+
+
+def _grow(arr: np.ndarray, n: int) -> np.ndarray:
+    """``arr`` with room for ``n`` requests (rows), the existing ones kept."""
+    out = np.zeros((n, arr.shape[1]), dtype=arr.dtype)
+    out[:len(arr)] = arr
+    return out
+
+
+def entry_rejections(prompt: np.ndarray, out: np.ndarray, kv: KVConfig, budget: int | None,
+                     max_model_len: int | None) -> dict[int, str]:
+    """Why each request that can never run is rejected when it arrives (``never_fits``, or a
+    prompt over a whole-prompt budget), by index: a vectorized pass finds the few suspects."""
+    risky = blocks_for(prompt + 1, kv.block_size) > kv.num_blocks
+    if budget is not None:
+        risky |= prompt > budget
+    if max_model_len is not None:
+        risky |= prompt + out > max_model_len
+    reasons = {}
+    for i in np.flatnonzero(risky).tolist():
+        p = int(prompt[i])
+        why = never_fits(kv, max_model_len, p, int(out[i]))
+        if not why and budget is not None and p > budget:
+            why = f"prompt of {p} tokens exceeds max_num_batched_tokens={budget}"
+        if why:
+            reasons[i] = why
+    return reasons

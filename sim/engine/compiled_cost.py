@@ -1,0 +1,100 @@
+"""Step costs inside the compiled interpreter, from the cost models' own scalar rules.
+
+Nothing here restates a formula: the roofline's dense constants, attention operators and step
+assembly are ``sim.cost.roofline_terms`` and ``LinearCost``'s time is
+``sim.cost.base.linear_seconds``, compiled with ``numba.njit`` from their one source
+(``jit_rule`` rebinds a rule's calls to the compiled forms of the rules it calls), fed with the
+model's own constants (``RooflineCost.dense_terms()`` and ``attention_terms()``).
+
+numba's on-disk cache of a function only notices changes to its own file, so
+``sim.engine.compiled_loop`` pins the sources of every rule it compiles (``RULES_SHA256``).
+"""
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from sim.core import rules
+from sim.cost import base, roofline_terms
+
+#: The cost models the interpreter costs itself, by code.
+ROOFLINE, CONSTANT, LINEAR = 0, 1, 2
+#: Bound codes past the roofline's four (``roofline_terms.BOUND_NAMES``).
+BOUND_CONSTANT, BOUND_LINEAR = 4, 5
+BOUND_NAMES = (*roofline_terms.BOUND_NAMES, "constant", "linear")
+#: Slots of ``analytic`` (``ConstantCost``/``LinearCost`` parameters).
+C_BASE_S, C_PER_TOKEN_S, C_PER_SEQ_S = 0, 1, 2
+
+
+#: How every function of the interpreter compiles: cached on disk; integer division by zero
+#: unchecked (numpy's model: no divisor here can be zero, and the check costs a branch on
+#: every block count).
+KERNEL: dict[str, Any] = {"cache": True, "error_model": "numpy"}
+
+
+def jit_rule(fn: Callable[..., Any], *, inline: bool = False, **calls: Any) -> Any:
+    """``fn`` compiled with ``numba.njit`` (``KERNEL``; inlined into its callers when
+    ``inline``), its calls to the rules named in ``calls`` bound to their compiled forms (the
+    Python function itself stays as it is)."""
+    scope = dict(fn.__globals__)
+    scope.update(calls)
+    clone = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
+                               fn.__closure__)
+    clone.__module__, clone.__qualname__, clone.__doc__ = fn.__module__, fn.__qualname__, \
+        fn.__doc__
+    return njit(**KERNEL, inline="always" if inline else "never")(clone)
+
+
+# the per-row rules, inlined: they run for every request in the batch every step
+blocks_for = jit_rule(rules.blocks_for, inline=True)
+blocks_needed = jit_rule(rules.blocks_needed, inline=True)
+max_fitting_tokens = jit_rule(rules.max_fitting_tokens, inline=True, blocks_needed=blocks_needed)
+admits = jit_rule(rules.admits, inline=True)
+outranks = jit_rule(rules.outranks, inline=True)
+watermark_blocks = rules.watermark_blocks  # read once, in Python
+linear_seconds = jit_rule(base.linear_seconds)
+decode_unit_s = jit_rule(roofline_terms.decode_unit_s)
+decode_tail_s = jit_rule(roofline_terms.decode_tail_s, decode_unit_s=decode_unit_s)
+prefill_peak_eff = jit_rule(roofline_terms.prefill_peak_eff)
+prefill_unit_s = jit_rule(roofline_terms.prefill_unit_s)
+attention_ops = jit_rule(roofline_terms.attention_ops, decode_tail_s=decode_tail_s)
+assemble_step = jit_rule(roofline_terms.assemble_step)
+overhead_s = jit_rule(roofline_terms.overhead_s)
+gemm_op = jit_rule(roofline_terms.gemm_op)
+allreduce_s = jit_rule(roofline_terms.allreduce_s)
+tally_op = jit_rule(roofline_terms.tally_op)
+dense_gemms = jit_rule(roofline_terms.dense_gemms, gemm_op=gemm_op, tally_op=tally_op)
+dense_constants = jit_rule(roofline_terms.dense_constants, dense_gemms=dense_gemms,
+                           allreduce_s=allreduce_s, gemm_op=gemm_op, tally_op=tally_op,
+                           overhead_s=overhead_s)
+
+
+@njit(**KERNEL)
+def step_cost(kind: int, analytic: np.ndarray, terms: np.ndarray, dense: np.ndarray,
+              num_layers: int, tp: int, rows: int,
+              tokens: int, n_dec: int, kv_dec: int, pairs_all: int, kv_all: int, c_lo: int,
+              c_hi: int, worst_pf: float, peak_eff: float
+              ) -> tuple[float, float, float, int]:
+    """``(seconds, flops, bytes, bound code)`` of a step from its reductions (see
+    ``roofline_terms.attention_ops``; the prefill unit and efficiency are the caller's, who
+    holds the rows)."""
+    if kind == CONSTANT:
+        return analytic[C_BASE_S], 0.0, 0.0, BOUND_CONSTANT
+    if kind == LINEAR:
+        return (linear_seconds(analytic[C_BASE_S], analytic[C_PER_TOKEN_S],
+                               analytic[C_PER_SEQ_S], tokens, rows), 0.0, 0.0, BOUND_LINEAR)
+    c_min = float(c_lo) if terms[roofline_terms.A_USES_MIN] != 0.0 else 0.0
+    count_ops, tc0, tm0, f0, b0, tc1, tm1, f1, b1 = attention_ops(
+        terms, rows, tokens, n_dec, kv_dec, pairs_all, kv_all, c_min, float(c_hi), worst_pf,
+        peak_eff)
+    d = dense_constants(dense, float(tokens), rows)
+    return assemble_step(d, count_ops, tc0, tm0, f0, b0, tc1, tm1, f1, b1, num_layers, tp)
+
+
+__all__ = ["BOUND_NAMES", "CONSTANT", "LINEAR", "ROOFLINE", "admits", "blocks_for",
+           "blocks_needed", "max_fitting_tokens", "outranks", "prefill_peak_eff",
+           "prefill_unit_s", "step_cost", "watermark_blocks"]

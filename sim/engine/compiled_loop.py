@@ -1,0 +1,386 @@
+"""The compiled interpreter's step loop: the general engine's scheduling points, in arrays.
+
+``run`` is ``sim.engine.replica.Replica.begin`` and ``land`` (with ``sim.engine.steps``'
+``_launch``, ``_commit`` and ``settle``) over explicit per-request arrays: take the arrivals,
+reject what can never run, plan (``sim.engine.compiled_plan``), preempt, grow the KV, cost the
+step (``sim.engine.compiled_cost``), commit tokens, release finished requests and record the
+step. Every step is one O(running) pass; nothing is aggregated, so the code reads as the
+general engine does. The whole state lives in the arrays ``sim.engine.compiled`` owns, so a run
+can stop at any scheduling point (a full log buffer, a time to advance to, a step allowance)
+and resume exactly where it stopped, with requests appended in between.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from sim.engine.compiled_cost import (
+    KERNEL,
+    ROOFLINE,
+    blocks_for,
+    blocks_needed,
+    prefill_peak_eff,
+    prefill_unit_s,
+    step_cost,
+)
+from sim.engine.compiled_plan import (
+    DECODE_FIRST,
+    RF_ARRIVAL,
+    RF_DEADLINE,
+    RF_FINISH,
+    RF_FIRST_SCHED,
+    RF_FIRST_TOKEN,
+    RF_LAST_TOKEN,
+    RF_MAX_ITL,
+    RI_BLOCKS,
+    RI_COMPUTED,
+    RI_ENTRY,
+    RI_GENERATED,
+    RI_MAX_HELD,
+    RI_NPRE,
+    RI_OUT,
+    RI_PRIORITY,
+    RI_PROMPT,
+    RI_REASON,
+    RI_STATUS,
+    plan_decode_first,
+    plan_whole,
+)
+from sim.engine.compiled_queue import order_key, push
+from sim.engine.compiled_skip import steady_stretch
+from sim.engine.compiled_slots import (
+    DONE,
+    FINISHED,
+    IDLE,
+    IRR_FULL,
+    L_BYTES,
+    L_DECODE,
+    L_DURATION,
+    L_FLOPS,
+    L_LIVE,
+    L_PREFILL,
+    L_RECOMPUTED,
+    L_REGULAR,
+    L_SEQS,
+    L_START,
+    L_USED,
+    L_WAITING,
+    LOG_FULL,
+    NO_REASON,
+    OUTGREW,
+    OVER_BUDGET,
+    P_BS,
+    P_CAPACITY,
+    P_CHUNK,
+    P_COMPOSITION,
+    P_COST,
+    P_HAS_HORIZON,
+    P_LAYERS,
+    P_LIMIT,
+    P_MARK,
+    P_MAX_SEQS,
+    P_MAX_TOKENS,
+    P_NUM_BLOCKS,
+    P_ORDER,
+    P_TP,
+    P_VICTIM,
+    P_WHOLE,
+    PAUSED,
+    PF_HORIZON,
+    PREEMPTED_TOO_OFTEN,
+    REJECTED,
+    RUNNING,
+    S_ACCEPTING,
+    S_KNOWN,
+    S_LIVE,
+    S_N_HEAP,
+    S_N_IRR,
+    S_N_LOG,
+    S_N_PENDING,
+    S_N_RUN,
+    S_NXT,
+    S_PRE_SEQ,
+    S_QUEUED,
+    S_STAMP,
+    S_USED,
+    SF_NOW,
+    STALLED,
+    WAITING,
+)
+
+# numba's on-disk cache of a function notices changes to its own file only: the sources of
+# the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
+# updating the pin is what invalidates the cached loop.
+RULES_SHA256 = "fe8c47adf69cbafadd6a15aaf684d1b241fd1641dd1d450c8f25142e2de245d8"
+RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
+                "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
+                "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",
+                "sim/engine/compiled_slots.py")
+
+
+def rules_sha256() -> str:
+    """The hash of ``RULE_SOURCES`` as they are now (what ``RULES_SHA256`` must equal)."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for name in RULE_SOURCES:
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()
+
+
+
+
+@njit(**KERNEL)
+def _irregular(irr: np.ndarray, irr_count: np.ndarray, n_irr: int, at: float, gap: float
+               ) -> int:
+    """``StepLog.add_irregular_itl`` of one token: merged with the last entry when time and
+    gap match (the caller keeps room for a step's rows); returns the new row count."""
+    if n_irr and irr[n_irr - 1, 0] == at and irr[n_irr - 1, 1] == gap:
+        irr_count[n_irr - 1] += 1
+        return n_irr
+    irr[n_irr, 0], irr[n_irr, 1], irr_count[n_irr] = at, gap, 1
+    return n_irr + 1
+
+
+@njit(**KERNEL)
+def _requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
+             params_i: np.ndarray, hkeys: np.ndarray, hranks: np.ndarray, hitems: np.ndarray,
+             pending: np.ndarray, now: float) -> None:
+    """``_preempt`` (recompute): drop ``v``'s KV and queue it first (the newest preempted
+    leads), or reject it past ``kv.max_preemptions``; a recompute over a whole-prompt budget
+    is rejected by the next plan, as the reference does."""
+    st_i[S_LIVE] -= req_i[v, RI_COMPUTED]
+    req_i[v, RI_COMPUTED] = 0
+    st_i[S_USED] -= req_i[v, RI_BLOCKS]
+    req_i[v, RI_BLOCKS] = 0
+    limit = params_i[P_LIMIT]
+    if limit >= 0 and req_i[v, RI_NPRE] >= limit:
+        req_i[v, RI_NPRE] += 1
+        req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, PREEMPTED_TOO_OFTEN
+        req_f[v, RF_FINISH] = now
+        return
+    req_i[v, RI_NPRE] += 1
+    req_i[v, RI_STATUS] = WAITING
+    unc = req_i[v, RI_PROMPT] + req_i[v, RI_GENERATED]
+    if params_i[P_WHOLE] and unc > params_i[P_MAX_TOKENS]:
+        pending[st_i[S_N_PENDING]] = v
+        st_i[S_N_PENDING] += 1
+        return
+    st_i[S_PRE_SEQ] += 1
+    st_i[S_N_HEAP] = push(hkeys, hranks, hitems, st_i[S_N_HEAP],
+                          order_key(params_i[P_ORDER], unc, req_i[v, RI_PRIORITY],
+                                    req_f[v, RF_DEADLINE]), -st_i[S_PRE_SEQ], v)
+
+
+@njit(**KERNEL)
+def _keep_running(req_i: np.ndarray, running: np.ndarray, n_run: int) -> int:
+    """Drop the requests that left the running set (their status says so), keeping the
+    admission order; returns the new count."""
+    kept = 0
+    for r in range(n_run):
+        i = running[r]
+        if req_i[i, RI_STATUS] == RUNNING:
+            running[kept] = i
+            kept += 1
+    return kept
+
+
+@njit(**KERNEL)
+def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n, pre_idx,  # noqa: ANN001, ANN201, C901
+        params_i, params_f, analytic, terms, dense, log_i, log_f, log_b, irr, irr_count, st_i,
+        st_f, until_s, max_steps, residues):
+    """Run scheduling points from the state in ``st_i``/``st_f`` until the run ends
+    (``DONE``; ``STALLED``: an empty plan with requests left and none to come), the clock
+    passes ``until_s`` or ``max_steps`` steps are done (``PAUSED``), the replica waits for
+    requests not yet handed over (``IDLE``) or a log buffer fills (``LOG_FULL``,
+    ``IRR_FULL``: grow it and call again). Returns the code."""
+    bs, num_blocks, capacity = params_i[P_BS], params_i[P_NUM_BLOCKS], params_i[P_CAPACITY]
+    max_seqs, max_tokens, mark = params_i[P_MAX_SEQS], params_i[P_MAX_TOKENS], params_i[P_MARK]
+    composition, whole, chunk = params_i[P_COMPOSITION], params_i[P_WHOLE] != 0, \
+        params_i[P_CHUNK]
+    order, victim, kind = params_i[P_ORDER], params_i[P_VICTIM], params_i[P_COST]
+    layers, tp = params_i[P_LAYERS], params_i[P_TP]
+    has_horizon, horizon = params_i[P_HAS_HORIZON] != 0, params_f[PF_HORIZON]
+    headroom = plan_idx.shape[0] + 1  # irregular rows one step can write, at most
+    steps = 0
+    while True:
+        n_log, n_irr = st_i[S_N_LOG], st_i[S_N_IRR]
+        if n_log >= log_i.shape[0]:
+            return LOG_FULL
+        if n_irr + headroom > irr.shape[0]:
+            return IRR_FULL
+        now = st_f[SF_NOW]
+        if has_horizon and now >= horizon:
+            return DONE
+        if now > until_s or steps >= max_steps:
+            return PAUSED
+        # -- ``_take_arrivals`` (and the rejections the plan would make at once) --------------
+        nxt = st_i[S_NXT]
+        while nxt < st_i[S_KNOWN] and req_f[nxt, RF_ARRIVAL] <= now:
+            entry = req_i[nxt, RI_ENTRY]
+            if entry != NO_REASON:
+                req_i[nxt, RI_STATUS], req_i[nxt, RI_REASON] = REJECTED, entry
+                req_f[nxt, RF_FINISH] = now
+            else:
+                st_i[S_N_HEAP] = push(hkeys, hranks, hitems, st_i[S_N_HEAP], order_key(
+                    order, req_i[nxt, RI_PROMPT], req_i[nxt, RI_PRIORITY],
+                    req_f[nxt, RF_DEADLINE]), nxt, nxt)
+            nxt += 1
+        st_i[S_NXT] = nxt
+        for j in range(st_i[S_N_PENDING]):  # recomputes over the budget, from the last step
+            v = pending[j]
+            req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, OVER_BUDGET
+            req_f[v, RF_FINISH] = now
+        st_i[S_N_PENDING] = 0
+        n_run, n_heap = st_i[S_N_RUN], st_i[S_N_HEAP]
+        n_plan = 0
+        if n_run or n_heap:
+            st_i[S_STAMP] += 1
+            free = num_blocks - st_i[S_USED]
+            if composition == DECODE_FIRST:
+                n_plan, n_pre, n_heap = plan_decode_first(
+                    req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan_idx,
+                    plan_n, pre_idx, st_i[S_STAMP], max_seqs, max_tokens, free, mark, bs,
+                    whole, chunk, victim)
+            else:
+                n_plan, n_pre, n_heap = plan_whole(
+                    req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan_idx,
+                    plan_n, pre_idx, st_i[S_STAMP], max_seqs, max_tokens, free, mark, bs,
+                    composition, victim)
+            st_i[S_N_HEAP] = n_heap
+        if n_plan == 0:  # idle: until the next arrival, or for good
+            st_i[S_QUEUED] = n_heap
+            if nxt < st_i[S_KNOWN]:
+                st_f[SF_NOW] = req_f[nxt, RF_ARRIVAL]
+                continue
+            if st_i[S_ACCEPTING]:
+                return IDLE
+            return STALLED if n_run or n_heap else DONE
+        # -- preemptions, then ``_launch`` ------------------------------------------------
+        for j in range(n_pre):
+            _requeue(req_i, req_f, pre_idx[j], st_i, params_i, hkeys, hranks, hitems, pending,
+                     now)
+        if n_pre:
+            n_run = _keep_running(req_i, running, n_run)
+        used = st_i[S_USED]
+        num_prefill = num_decode = recomputed = 0
+        tokens = n_dec = kv_dec = pairs_all = kv_all = 0
+        c_lo = c_hi = 0
+        admitted = False
+        for k in range(n_plan):
+            i, n = plan_idx[k], plan_n[k]
+            if req_i[i, RI_STATUS] != RUNNING:  # admitted: joins the batch
+                admitted = True
+                req_i[i, RI_STATUS] = RUNNING
+                if req_f[i, RF_FIRST_SCHED] != req_f[i, RF_FIRST_SCHED]:
+                    req_f[i, RF_FIRST_SCHED] = now
+                running[n_run] = i
+                n_run += 1
+            c = req_i[i, RI_COMPUTED]
+            target = c + n
+            if req_i[i, RI_MAX_HELD] > c:
+                recomputed += min(target, req_i[i, RI_MAX_HELD]) - c
+            need = blocks_needed(target, 0, req_i[i, RI_BLOCKS], bs)
+            req_i[i, RI_BLOCKS] += need
+            used += need
+            gen = req_i[i, RI_GENERATED]
+            if gen and req_i[i, RI_PROMPT] + gen - c == 1:
+                num_decode += 1
+            else:
+                num_prefill += n
+            # the batch's reductions (``RooflineCost._attention``)
+            tokens += n
+            if n == 1:
+                n_dec += 1
+                kv_dec += target
+            pairs_all += n * target - (n * n - n) // 2
+            kv_all += target
+            if k == 0 or target < c_lo:
+                c_lo = target
+            if k == 0 or target > c_hi:
+                c_hi = target
+        st_i[S_USED] = used
+        worst = peak_eff = 0.0
+        if kind == ROOFLINE and tokens != n_plan:  # the slowest prefill unit
+            peak_eff = prefill_peak_eff(terms, tokens - n_dec, n_plan - n_dec)
+            first = True
+            for k in range(n_plan):
+                n = plan_n[k]
+                if n != 1:
+                    target = req_i[plan_idx[k], RI_COMPUTED] + n
+                    u = prefill_unit_s(terms, n, n * target - (n * n - n) // 2, target,
+                                       peak_eff)
+                    if first or u > worst:
+                        worst, first = u, False
+        secs, flops, nbytes, bound = step_cost(
+            kind, analytic, terms, dense, layers, tp, n_plan, tokens, n_dec,
+            kv_dec, pairs_all, kv_all, c_lo, c_hi, worst, peak_eff)
+        end = now + secs
+        # -- ``_commit``: computed tokens catch up, tokens sampled; then ``settle``: finished
+        # requests leave, a context that outgrew the cache too (what the step held and the
+        # live tokens are logged as they were before anyone left) -------------------------
+        regular = 0
+        live = st_i[S_LIVE] + tokens  # tokens whose KV the running requests hold
+        logged_live = live
+        left = False
+        for k in range(n_plan):
+            i, n = plan_idx[k], plan_n[k]
+            c = req_i[i, RI_COMPUTED] + n
+            req_i[i, RI_COMPUTED] = c
+            if c > req_i[i, RI_MAX_HELD]:
+                req_i[i, RI_MAX_HELD] = c
+            gen = req_i[i, RI_GENERATED]
+            if c >= req_i[i, RI_PROMPT] + gen:  # caught up: a token is sampled
+                gen += 1
+                req_i[i, RI_GENERATED] = gen
+                last = req_f[i, RF_LAST_TOKEN]
+                req_f[i, RF_LAST_TOKEN] = end
+                if gen >= req_i[i, RI_OUT]:
+                    req_i[i, RI_STATUS] = FINISHED
+                    req_f[i, RF_FINISH] = end
+                if gen == 1:
+                    req_f[i, RF_FIRST_TOKEN] = end
+                else:
+                    gap = end - last
+                    if gap > req_f[i, RF_MAX_ITL]:
+                        req_f[i, RF_MAX_ITL] = gap
+                    if last == now:
+                        regular += 1
+                    else:
+                        n_irr = _irregular(irr, irr_count, n_irr, end, gap)
+            if req_i[i, RI_STATUS] == FINISHED:
+                used -= req_i[i, RI_BLOCKS]
+                req_i[i, RI_BLOCKS] = 0
+                live -= c
+                left = True
+            elif c >= capacity and (req_i[i, RI_PROMPT] + gen - c == 1
+                                    and blocks_for(c + 1, bs) > num_blocks):
+                used -= req_i[i, RI_BLOCKS]
+                req_i[i, RI_BLOCKS] = 0
+                req_i[i, RI_COMPUTED] = 0
+                live -= c
+                req_i[i, RI_STATUS], req_i[i, RI_REASON] = REJECTED, OUTGREW
+                req_f[i, RF_FINISH] = end
+                left = True
+        if left:
+            n_run = _keep_running(req_i, running, n_run)
+        # -- ``StepLog.record`` --------------------------------------------------------------
+        log_i[n_log, L_SEQS], log_i[n_log, L_PREFILL] = n_plan, num_prefill
+        log_i[n_log, L_DECODE], log_i[n_log, L_RECOMPUTED] = num_decode, recomputed
+        log_i[n_log, L_WAITING] = st_i[S_N_HEAP] + st_i[S_N_PENDING]
+        log_i[n_log, L_USED], log_i[n_log, L_REGULAR] = st_i[S_USED], regular
+        log_i[n_log, L_LIVE] = logged_live
+        log_f[n_log, L_START], log_f[n_log, L_DURATION] = now, end - now
+        log_f[n_log, L_FLOPS], log_f[n_log, L_BYTES] = flops, nbytes
+        log_b[n_log] = bound
+        st_i[S_N_LOG], st_i[S_N_IRR] = n_log + 1, n_irr
+        st_i[S_USED], st_i[S_N_RUN], st_i[S_LIVE] = used, n_run, live
+        st_f[SF_NOW] = end
+        steps += 1
+        if (n_pre == 0 and not admitted and not left and num_prefill == 0
+                and st_i[S_N_PENDING] == 0 and n_log + 1 < log_i.shape[0]):
+            steps += steady_stretch(req_i, req_f, plan_idx, n_plan, residues, params_i,
+                                     params_f, analytic, terms, dense, log_i, log_f, log_b,
+                                     st_i, st_f, until_s, max_steps - steps)

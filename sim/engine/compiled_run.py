@@ -1,0 +1,87 @@
+"""One replica of ``sim.simulate`` on the compiled interpreter: run it, hand its steps over.
+
+``run_compiled`` builds a ``CompiledReplica`` with the replica's round-robin share, runs it to
+the end and fills the replica's ``StepLog`` with the packed step rows (the arrays themselves,
+not copies), or folds them into the log's time buckets as the run goes when the step table is
+bucketed (``sim.metrics.stream``), so a long run's memory stays flat.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from sim.core.scheduling import SchedulingSpec
+from sim.engine import compiled_slots as slots
+from sim.engine.compiled import (
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    ZERO_COLUMNS,
+    CompiledReplica,
+    Outcomes,
+)
+from sim.kv.config import KVConfig
+from sim.metrics.steplog import FLOAT_COLUMNS as STEP_FLOATS
+from sim.metrics.steplog import StepLog
+from sim.metrics.stream import AUTO_MAX_STEPS
+
+
+def run_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.ndarray,
+                 priority: np.ndarray | None, spec: SchedulingSpec, cost: Any, kv: KVConfig,
+                 log: StepLog, *, max_model_len: int | None, horizon_s: float | None,
+                 deadline: float | None, replica: int = 0, name: str = "scheduler"
+                 ) -> Outcomes:
+    """Simulate one replica's requests (arrival order) under ``spec``; fill ``log`` and
+    return the outcomes in that order."""
+    rep = CompiledReplica(spec, cost, kv, max_model_len=max_model_len, horizon_s=horizon_s,
+                          name=name)
+    rep.append(arrival, prompt, out, priority)
+    rep.close()
+
+    def fold_when_full(r: CompiledReplica) -> bool:
+        if log.stream is None or not (log.always_fold or len(r.log_i) >= AUTO_MAX_STEPS):
+            return False
+        _fold_rows(log, r, r.num_steps, replica)
+        r.st_i[slots.S_N_LOG] = 0
+        return True
+
+    rep.on_log_full = fold_when_full
+    rep.advance_until(math.inf, deadline)
+    steps = rep.num_steps
+    irregular = int(rep.st_i[slots.S_N_IRR])
+    if log.bucketed:
+        _fold_rows(log, rep, steps, replica)
+        steps = 0
+    rep.log_i.resize((steps, len(INT_COLUMNS)), refcheck=False)  # trim in place
+    rep.log_f.resize((steps, len(FLOAT_COLUMNS)), refcheck=False)
+    log.zero_columns = ZERO_COLUMNS
+    log.packed_int_columns, log.packed_float_columns = INT_COLUMNS, FLOAT_COLUMNS
+    log.packed_ints, log.packed_floats = rep.log_i.ravel(), rep.log_f.ravel()
+    log.cols["bound"] = rep.bounds(steps)  # an object array: the table takes it uncopied
+    log.replica = replica
+    if irregular:
+        irr, counts = rep.irr[:irregular], rep.irr_count[:irregular]
+        log.irregular_itl_at.frombytes(np.ascontiguousarray(irr[:, 0]).tobytes())
+        log.irregular_itl.frombytes(np.ascontiguousarray(irr[:, 1]).tobytes())
+        log.irregular_itl_count.frombytes(np.ascontiguousarray(counts).tobytes())
+        log.irregular_itl_replica.frombytes(np.full(irregular, replica,
+                                                    dtype=np.int64).tobytes())
+    return rep.outcomes()
+
+
+def _fold_rows(log: StepLog, rep: CompiledReplica, n: int, replica: int) -> None:
+    """Fold the replica's first ``n`` step rows into the log's ``StepStream`` (which also
+    learns how far the measurement window reaches from the finished requests)."""
+    stream = log.stream
+    assert stream is not None
+    k = rep.num_requests
+    from sim.engine import compiled_plan as cp
+    stream.finished_all(rep.req_f[:k, cp.RF_ARRIVAL], rep.req_f[:k, cp.RF_FINISH],
+                        rep.req_i[:k, cp.RI_STATUS] == slots.FINISHED)
+    data: dict[str, Any] = {name: rep.log_i[:n, i] for i, name in enumerate(INT_COLUMNS)}
+    data.update({name: rep.log_f[:n, i] for i, name in enumerate(FLOAT_COLUMNS)})
+    for name in ZERO_COLUMNS:
+        data[name] = np.zeros(n, dtype=np.float64 if name in STEP_FLOATS else np.int64)
+    data["replica"] = np.full(n, replica, dtype=np.int64)
+    stream.fold(data)

@@ -1,0 +1,24 @@
+"""Named slots of the compiled interpreter's arrays and its codes, shared by its modules.
+
+``sim.engine.compiled`` reads them through ``sim.engine.compiled_loop`` (which imports them),
+so the Python driver and the compiled loop agree on every index and code.
+"""
+from __future__ import annotations
+
+WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3  # a request's status
+# why a request was rejected (its message is built afterwards from its final counters)
+NO_REASON, ON_ARRIVAL, OVER_BUDGET, PREEMPTED_TOO_OFTEN, OUTGREW = 0, 1, 2, 3, 4
+DONE, STALLED, PAUSED, IDLE, LOG_FULL, IRR_FULL = 0, 1, 2, 3, 4, 5  # how ``run`` returned
+# slots of ``params_i`` / ``params_f``
+(P_BS, P_NUM_BLOCKS, P_CAPACITY, P_MAX_SEQS, P_MAX_TOKENS, P_MARK, P_LIMIT, P_COMPOSITION,
+ P_WHOLE, P_CHUNK, P_ORDER, P_VICTIM, P_COST, P_LAYERS, P_TP, P_HAS_HORIZON) = range(16)
+NUM_PARAMS_I = 16
+PF_HORIZON = 0
+# slots of the state ``st_i`` / ``st_f``
+(S_NXT, S_KNOWN, S_ACCEPTING, S_N_RUN, S_N_HEAP, S_N_PENDING, S_PRE_SEQ, S_USED, S_N_LOG,
+ S_N_IRR, S_STAMP, S_QUEUED, S_LIVE) = range(13)
+NUM_STATE_I = 13
+SF_NOW = 0
+# columns of the step log (``sim.engine.compiled.INT_COLUMNS`` / ``FLOAT_COLUMNS`` name them)
+L_SEQS, L_PREFILL, L_DECODE, L_RECOMPUTED, L_WAITING, L_USED, L_REGULAR, L_LIVE = range(8)
+L_START, L_DURATION, L_FLOPS, L_BYTES = range(4)
