@@ -6,7 +6,7 @@ keeps its KV there (``hold_kv``) and is routed, once, by the ``decode_router`` t
 replica, where it joins that replica's reservation queue (first come, first served). When the
 decode replica has the blocks for the prompt's KV free (``view_free``, policies' view, less a
 headroom of one block per request already there so a reservation does not force preemptions
-of running decodes) it reserves them (``reserve_kv``) and the transfer starts
+of running decodes; ``_reserve``) it reserves them (``reserve_kv``) and the transfer starts
 (``sim.cluster.network``, the paths of ``sim.cluster.kv_links``). When its last byte lands the
 KV is released on the prefill replica (``release_held``) and the request joins the decode
 replica's waiting queue with its prompt computed (``land_kv``): its next step is a decode step
@@ -43,7 +43,7 @@ from sim.cluster.network import Network
 from sim.cluster.routed import PrefixChains, RoutingLog, arrival_of
 from sim.core.errors import InputError
 from sim.core.routing import ReplicaLoad
-from sim.core.rules import blocks_needed
+from sim.core.rules import blocks_needed, watermark_blocks
 from sim.core.types import Request
 from sim.engine.drive import ReplicaEvent, land_kv, release_held, reserve_kv
 from sim.engine.replica import never_fits
@@ -140,7 +140,6 @@ class DisaggDriver:
     def _loop(self) -> None:
         reqs, nxt, now = self.reqs, 0, 0.0
         everyone = [*self.prefill, *self.decode]
-        closed = False
         while True:
             for rep in everyone:
                 rep.advance_until(now)
@@ -148,10 +147,12 @@ class DisaggDriver:
             while nxt < len(reqs) and reqs[nxt].arrival_s <= now:
                 self._route_prefill(nxt, now)
                 nxt += 1
-            if nxt == len(reqs) and not closed:
-                closed = True
+            closed = nxt == len(reqs)
+            if closed:  # a prefill replica's policy sees no more arrivals once it is empty
                 for rep in self.prefill:
-                    rep.close()
+                    if rep.accepting and not (rep.held or rep.waiting or rep.running
+                                              or rep.preempted or rep.pending):
+                        rep.close()
             self._hand_over(now)
             self._reserve(now)
             if closed and self._drained():
@@ -166,7 +167,7 @@ class DisaggDriver:
                                   f"{len(reqs) - self.settled} prefills unfinished, "
                                   f"{sum(map(len, self.queues))} waiting for decode blocks")
             now = later
-        for rep in self.decode:
+        for rep in everyone:
             rep.close()
         for rep in everyone:
             rep.advance_until(math.inf)
@@ -233,8 +234,12 @@ class DisaggDriver:
             _record(self.decode_log, now, req.id, choice, loads)
             self.out.decode_replica[k] = len(self.prefill) + choice  # replica numbers
             rep = self.decode[choice]
-            why = never_fits(rep.pool.config, rep.max_model_len, req.num_prompt_tokens,
+            cfg = rep.pool.config
+            why = never_fits(cfg, rep.max_model_len, req.num_prompt_tokens,
                              req.num_output_tokens)
+            if not why and _blocks_to_reserve(rep, req) > cfg.num_blocks:
+                why = (f"its prompt's {req.num_prompt_tokens} tokens of KV and the reservation "
+                       f"headroom exceed the {cfg.num_blocks} blocks of the cache")
             if why:
                 self._unsendable(k, f"decode replica: {why}")
             else:
@@ -247,16 +252,18 @@ class DisaggDriver:
                                         strict=True)]
 
     def _reserve(self, now: float) -> None:
-        """Start every transfer whose decode replica can reserve its blocks now (in order)."""
+        """Start every transfer whose decode replica can reserve its blocks now (in order).
+
+        A reservation leaves free one block per request on the replica (itself included) plus
+        the policy's watermark: whatever runs there is preempted or finishes, the requests
+        that landed can then always be admitted for their next token (no deadlock of waiting
+        requests each holding its prompt's blocks)."""
         for d, queue in enumerate(self.queues):
             rep = self.decode[d]
-            cfg = rep.pool.config
             while queue:
-                req = self.reqs[queue[0]]
-                need = blocks_needed(req.num_prompt_tokens,
-                                     cfg.reserve_for(req.num_prompt_tokens), 0, cfg.block_size)
-                headroom = len(rep.running) + len(rep.waiting) + len(rep.incoming)
-                if need + headroom > rep.pool.view_free:
+                there = (len(rep.running) + len(rep.waiting) + len(rep.preempted)
+                         + len(rep.pending) + len(rep.incoming))
+                if _blocks_to_reserve(rep, self.reqs[queue[0]]) + there > rep.pool.view_free:
                     break  # back-pressure: wait for blocks, holding the KV where it is
                 self._send(queue.popleft(), d, now)
 
@@ -292,6 +299,17 @@ class DisaggDriver:
         req = self.reqs[k]
         release_held(self.prefill[self.out.prefill_replica[k]], req.id)
         self.out.reject_reason[k] = why
+
+
+def _blocks_to_reserve(rep: Replica, req: Request) -> int:
+    """Free blocks (as policies count them) a reservation of ``req``'s prompt KV needs on an
+    otherwise empty ``rep``: its blocks, one block of headroom for its next token, and the
+    policy's watermark (``DisaggDriver._reserve`` adds one block per request already there)."""
+    cfg = rep.pool.config
+    mark = watermark_blocks(float(getattr(rep.policy, "watermark", 0.0)), cfg.num_blocks)
+    need = blocks_needed(req.num_prompt_tokens, cfg.reserve_for(req.num_prompt_tokens), 0,
+                         cfg.block_size)
+    return need + 1 + mark
 
 
 def _trigger(event: simpy.Event) -> None:

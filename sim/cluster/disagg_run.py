@@ -31,7 +31,7 @@ from sim.metrics.summary import StepLog, request_table
 
 #: Columns a disaggregated run adds to the requests table (seconds, bytes, replica numbers).
 DISAGG_COLUMNS = ("prefill_replica", "decode_replica", "kv_wait_s", "kv_transfer_s",
-                  "kv_transfer_bytes", "decode_start_s")
+                  "kv_transfer_bytes", "kv_landed_s", "decode_start_s")
 
 
 def build_replicas(groups: list[Group], log: StepLog, options: dict[str, Any]
@@ -114,6 +114,7 @@ def joined_table(reqs: Sequence[Request], pre: dict[int, Seq], dec: dict[int, Se
         "kv_wait_s": moved.kv_start_s[order] - done,
         "kv_transfer_s": moved.kv_landed_s[order] - done,
         "kv_transfer_bytes": moved.kv_bytes[order],
+        "kv_landed_s": moved.kv_landed_s[order],
         "decode_start_s": decode_start[order],
     }
     # the prefill side ran every request as one of a single output token
@@ -146,8 +147,7 @@ def disagg_summary(table: pd.DataFrame, driver: DisaggDriver, duration_s: float,
         "p99_kv_transfer_ms": stat(sent["kv_transfer_s"], "p99"),
         "mean_kv_wait_ms": stat(sent["kv_wait_s"], "mean"),
         "p99_kv_wait_ms": stat(sent["kv_wait_s"], "p99"),
-        "mean_decode_queue_ms": stat(moved["decode_start_s"] - moved["first_token_s"]
-                                     - moved["kv_transfer_s"], "mean"),
+        "mean_decode_queue_ms": stat(moved["decode_start_s"] - moved["kv_landed_s"], "mean"),
         "mean_time_to_decode_start_ms": stat(moved["decode_start_s"] - moved["arrival_s"],
                                              "mean"),
         "p99_time_to_decode_start_ms": stat(moved["decode_start_s"] - moved["arrival_s"],

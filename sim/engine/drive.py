@@ -146,8 +146,13 @@ def land_kv(rep: Replica, request_id: int) -> None:
 
 
 def release_held(rep: Replica, request_id: int) -> None:
-    """Free the KV a finished request kept on ``rep`` (``hold_kv``) once it has been sent."""
+    """Free the KV a finished request kept on ``rep`` (``hold_kv``) once it has been sent, at
+    the time ``rep`` was advanced to: an idle replica plans again (the blocks may admit)."""
     rep.pool.release(rep.held.pop(request_id))
+    if rep.flight is None and rep.advanced_s > rep.clock:
+        rep.clock = rep.advanced_s
+    if rep.flight is None and not rep.done:
+        rep.idle = False
 
 
 @dataclass(frozen=True, slots=True)

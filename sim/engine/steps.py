@@ -246,9 +246,9 @@ class ReplicaSteps:
     def check_invariants(self) -> None:
         """Deep per-step checks (on in tests): KV conservation and per-sequence consistency."""
         running = list(self.running.values())
-        # requests that arrived with their KV (``land_kv``) hold exactly its blocks while
-        # they wait; held and incoming requests hold theirs outside the queues
-        landed = [s for s in self.waiting.values() if s.num_blocks]
+        # requests that arrived with their KV (``land_kv``) hold its blocks while they wait
+        # (admitted or queued); held and incoming requests hold theirs outside the queues
+        landed = [s for s in (*self.waiting.values(), *self.pending) if s.num_blocks]
         self.pool.check(running + landed + [*self.held.values(), *self.incoming.values()])
         for seq in landed:
             bs = self.pool.config.block_size

@@ -200,6 +200,7 @@ def swap_rate(block: Mapping[str, Any], cost: Any) -> tuple[float | None, float 
     models know neither, so swapping with them needs both.
     """
     nbytes = replica_kv_bytes_per_token(block, cost)
+    tp = getattr(cost, "tp", 1)
     gbps = block.get("swap_gbps")
     gpu = getattr(cost, "gpu", None)
     if gbps is None and gpu is not None:
