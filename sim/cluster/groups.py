@@ -47,6 +47,8 @@ GROUP_FIELDS: dict[str, Any] = {
 }
 #: Keys of the ``cluster`` block besides ``groups`` (a disaggregated cluster's).
 CLUSTER_FIELDS: dict[str, Any] = {
+    "label": Key(STR + (OPT,), None, "Name of this deployment in tables and plots (what a "
+                 "swept cluster block is shown as)."),
     "decode_router": Key(MAP + STR + (OPT,), None, "Router choosing the decode replica of a "
                          "finished prefill (default: round_robin); prefill/decode roles only."),
     "network": Key(MAP + (OPT,), None, "Links KV transfers cross: {gpus_per_node, nvlink_gbps, "
@@ -119,7 +121,7 @@ def check_roles(cluster: Mapping[str, Any], groups: list[Group]) -> None:
     ``decode_router`` and ``network`` belong to the latter."""
     extra = {k: v for k, v in validate_fields(
         {k: v for k, v in cluster.items() if k != "groups"}, CLUSTER_FIELDS,
-        "cluster.").items() if v is not None}
+        "cluster.").items() if v is not None and k != "label"}
     roles = {g.role for g in groups}
     if roles == {"mixed"}:
         if extra:
