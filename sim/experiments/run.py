@@ -133,8 +133,8 @@ def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
             continue
         cfg = spec.config
         row = {"run_id": rid, "label": spec.label, "policy": cfg["policy"].get("name"),
-               **{k: swept_value(v) for k, v in spec.swept.items()}, "model": cfg["model"], "hardware": cfg["hardware"],
-               "tp": cfg["parallelism"]["tp"]}
+               **{k: swept_value(v) for k, v in spec.swept.items()}, "model": cfg["model"],
+               "hardware": cfg["hardware"], "tp": cfg["parallelism"]["tp"]}
         row.update({k: v for k, v in s.items() if k not in VOLATILE and k not in row})
         rows.append(row)
     return pd.DataFrame(rows)
