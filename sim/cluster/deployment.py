@@ -20,7 +20,7 @@ import pandas as pd
 from policies import make_policy
 from routers import Router
 from sim.cluster.disagg import DisaggDriver
-from sim.cluster.disagg_run import disagg_summary, link_table, run_disagg
+from sim.cluster.disagg_run import disagg_summary, link_table, per_gpu, run_disagg
 from sim.cluster.groups import Group, capacity_weights, is_disaggregated
 from sim.cluster.metrics import imbalance, per_replica
 from sim.cluster.routed import run_routed
@@ -130,10 +130,9 @@ def _result(table: pd.DataFrame, log: StepLog, replicas: list[Replica], owner: l
     result.replicas.insert(1, "group", names)
     result.routing = routing
     result.groups = _group_table(table, steps, runs, replicas, owner, groups, window)
+    summary.update(per_gpu(summary, sum(g.replicas * g.tp for g in groups)))
     if driver is not None:
-        gpus = sum(g.replicas * g.tp for g in groups)
-        summary.update(disagg_summary(table, driver, float(summary["duration"]), gpus,
-                                      summary))
+        summary.update(disagg_summary(table, driver, float(summary["duration"])))
         summary["decode_router"] = driver.decode_router.name
         result.links = link_table(driver, float(summary["duration"]))
         result.groups.insert(1, "role", [g.role for g in groups])

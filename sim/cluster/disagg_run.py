@@ -125,10 +125,20 @@ def joined_table(reqs: Sequence[Request], pre: dict[int, Seq], dec: dict[int, Se
     return table
 
 
-def disagg_summary(table: pd.DataFrame, driver: DisaggDriver, duration_s: float,
-                   num_gpus: int, summary: dict[str, Any]) -> dict[str, Any]:
-    """The disaggregation entries of the summary (module ``sim.cluster.disagg_summary``
-    names): transfers, back-pressure, decode queueing, links, per-GPU rates."""
+def per_gpu(summary: dict[str, Any], num_gpus: int) -> dict[str, Any]:
+    """A cluster's GPU count and its rates per GPU (goodput when SLOs are set): what
+    deployments of different sizes or splits are compared by."""
+    out: dict[str, Any] = {"num_gpus": num_gpus}
+    for key in ("request_goodput", "output_throughput", "request_throughput"):
+        if key in summary and summary[key] == summary[key]:
+            out[f"{key}_per_gpu"] = float(summary[key]) / num_gpus
+    return out
+
+
+def disagg_summary(table: pd.DataFrame, driver: DisaggDriver, duration_s: float
+                   ) -> dict[str, Any]:
+    """The disaggregation entries of the summary: transfers, back-pressure (``kv_wait``),
+    decode queueing, time to decode start, link utilization (docs/metrics.md)."""
     moved = table[table["decode_replica"] >= 0]
     sent = moved[np.isfinite(moved["kv_transfer_s"].to_numpy(float))]
 
@@ -140,7 +150,6 @@ def disagg_summary(table: pd.DataFrame, driver: DisaggDriver, duration_s: float,
         return float((v.mean() if how == "mean" else np.percentile(v, 99)) * 1e3)
 
     out: dict[str, Any] = {
-        "num_gpus": num_gpus,
         "num_kv_transfers": int(len(sent)),
         "kv_transfer_bytes": float(sent["kv_transfer_bytes"].sum()),
         "mean_kv_transfer_ms": stat(sent["kv_transfer_s"], "mean"),
@@ -158,9 +167,6 @@ def disagg_summary(table: pd.DataFrame, driver: DisaggDriver, duration_s: float,
     out["max_link_utilization"] = (max(busy) / duration_s if busy and duration_s > 0 else 0.0)
     out["mean_link_utilization"] = (float(np.mean(busy)) / duration_s
                                     if busy and duration_s > 0 else 0.0)
-    for key in ("request_goodput", "output_throughput", "request_throughput"):
-        if key in summary and summary[key] == summary[key]:
-            out[f"{key}_per_gpu"] = float(summary[key]) / num_gpus
     return out
 
 
