@@ -45,7 +45,7 @@ from sim.core.errors import InputError
 from sim.core.routing import ReplicaLoad
 from sim.core.rules import blocks_needed, watermark_blocks
 from sim.core.types import Request
-from sim.engine.drive import ReplicaEvent, land_kv, release_held, reserve_kv
+from sim.engine.drive import ReplicaEvent, drop_landed_kv, land_kv, release_held, reserve_kv
 from sim.engine.replica import never_fits
 from sim.engine.validate import EngineError
 
@@ -162,6 +162,8 @@ class DisaggDriver:
                 if rep.flight is None and not rep.idle and not rep.done:
                     rep.advance_until(ahead)
             later = self._next_time(now, reqs[nxt].arrival_s if nxt < len(reqs) else math.inf)
+            if later is None and self._break_stall():
+                continue  # a decode replica gave KV back: plan again at ``now``
             if later is None:
                 raise EngineError(f"disaggregated cluster stalled at t={now:.6f}s: "
                                   f"{len(reqs) - self.settled} prefills unfinished, "
@@ -245,6 +247,19 @@ class DisaggDriver:
             else:
                 self.queues[choice].append(k)
 
+    def _break_stall(self) -> bool:
+        """Nothing can happen any more: a decode replica that runs nothing while requests
+        that landed hold its blocks (its queue's head, a preempted request, needs more than is
+        free) preempts the newest of them (recompute). False when none can."""
+        moved = False
+        for rep in self.decode:
+            if rep.flight is None and not rep.running and (rep.preempted or rep.waiting):
+                landed = [sid for sid, s in rep.waiting.items() if s.num_blocks]
+                if landed:
+                    drop_landed_kv(rep, landed[-1])
+                    moved = True
+        return moved
+
     def _decode_loads(self, now: float) -> list[ReplicaLoad]:
         """Decode replicas' loads, counting requests queued for or in transfer as waiting."""
         return [dc_replace(load, num_waiting=load.num_waiting + len(q) + len(rep.incoming))
@@ -260,7 +275,7 @@ class DisaggDriver:
         requests each holding its prompt's blocks)."""
         for d, queue in enumerate(self.queues):
             rep = self.decode[d]
-            while queue:
+            while queue and not rep.preempted:  # an overloaded replica recomputes first
                 there = (len(rep.running) + len(rep.waiting) + len(rep.preempted)
                          + len(rep.pending) + len(rep.incoming))
                 if _blocks_to_reserve(rep, self.reqs[queue[0]]) + there > rep.pool.view_free:

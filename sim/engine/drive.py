@@ -145,6 +145,18 @@ def land_kv(rep: Replica, request_id: int) -> None:
         rep.idle = False
 
 
+def drop_landed_kv(rep: Replica, request_id: int) -> None:
+    """Preempt a request that landed with its KV but was never admitted (``land_kv``): it gives
+    its blocks back and recomputes its prompt on ``rep`` (recompute preemption)."""
+    seq = rep.waiting.pop(request_id)
+    rep.pool.release(seq)
+    seq.preempt()
+    rep.preempted[request_id] = seq
+    rep._queue_views = None  # noqa: SLF001 - the replica's own queue cache, reset as it does
+    if rep.flight is None:
+        rep.idle = False
+
+
 def release_held(rep: Replica, request_id: int) -> None:
     """Free the KV a finished request kept on ``rep`` (``hold_kv``) once it has been sent, at
     the time ``rep`` was advanced to: an idle replica plans again (the blocks may admit)."""
@@ -206,5 +218,5 @@ def emit_first_tokens(rep: ReplicaSteps, run: Mapping[int, int], end: float) -> 
 
 
 __all__ = ["EVENT_KINDS", "Outstanding", "ReplicaEvent", "ReplicaState", "admit",
-           "advance_until", "land_kv", "outstanding", "release_held", "reserve_kv",
-           "emit_first_tokens", "replica_state"]
+           "advance_until", "drop_landed_kv", "land_kv", "outstanding", "release_held",
+           "reserve_kv", "emit_first_tokens", "replica_state"]
