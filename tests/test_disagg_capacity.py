@@ -55,3 +55,25 @@ def test_a_bad_role_in_a_yaml_exits_2_with_one_line(tmp_path, capsys, groups, fi
     assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "bad.yaml" in lines[0] and field in lines[0]
+
+
+def test_a_swept_cluster_block_is_shown_by_its_label(tmp_path) -> None:
+    import sim
+
+    exp = tmp_path / "zip.yaml"
+    exp.write_text(EXP.replace("num_requests: 30", "num_requests: 12") + """zip:
+  cluster:
+    - label: colocated
+      groups: [{name: c, replicas: 2}]
+    - label: split
+      groups: [{name: p, role: prefill}, {name: d, role: decode}]
+""")
+    sim.run_experiment(str(exp), out=str(tmp_path / "o"))
+    summary = pd.read_csv(tmp_path / "o" / "summary.csv")
+    assert summary["cluster"].tolist() == ["colocated", "split"]
+    split = summary.iloc[1]
+    assert split["num_kv_transfers"] == 12 and split["num_gpus"] == 2
+    assert split["request_throughput_per_gpu"] == split["request_throughput"] / 2
+    runs = {p.name.split(".")[0] for d in (tmp_path / "o" / "runs").iterdir()
+            for p in d.iterdir()}
+    assert "links" in runs

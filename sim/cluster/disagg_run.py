@@ -156,6 +156,7 @@ def disagg_summary(table: pd.DataFrame, driver: DisaggDriver, duration_s: float
         "p99_kv_transfer_ms": stat(sent["kv_transfer_s"], "p99"),
         "mean_kv_wait_ms": stat(sent["kv_wait_s"], "mean"),
         "p99_kv_wait_ms": stat(sent["kv_wait_s"], "p99"),
+        "mean_prefill_queue_ms": stat(table["first_scheduled_s"] - table["arrival_s"], "mean"),
         "mean_decode_queue_ms": stat(moved["decode_start_s"] - moved["kv_landed_s"], "mean"),
         "mean_time_to_decode_start_ms": stat(moved["decode_start_s"] - moved["arrival_s"],
                                              "mean"),
