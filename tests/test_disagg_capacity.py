@@ -77,3 +77,26 @@ def test_a_swept_cluster_block_is_shown_by_its_label(tmp_path) -> None:
     runs = {p.name.split(".")[0] for d in (tmp_path / "o" / "runs").iterdir()
             for p in d.iterdir()}
     assert "links" in runs
+
+
+def test_the_disaggregation_experiments_validate_and_keep_distserves_direction() -> None:
+    """Both YAMLs expand; scaled down (300 requests at 16 req/s), the 2:2 split's p99 TPOT is
+    below colocated continuous batching's on the same four GPUs (docs/disaggregation.md)."""
+    from pathlib import Path
+
+    from sim.experiments.config import expand_runs, load_yaml
+    from sim.experiments.runner import simulate_config
+
+    root = Path(__file__).resolve().parent.parent / "experiments"
+    for name in ("disaggregation", "disaggregation_splitwise"):
+        _, runs = expand_runs(load_yaml(root / f"{name}.yaml"), source=name)
+        assert len({r.swept["cluster"]["label"] for r in runs}) == 5
+    path = root / "disaggregation.yaml"
+    raw = load_yaml(path)
+    raw["sweep"] = {"workload.arrival.rate": [16]}
+    raw["zip"] = {"cluster": [c for c in raw["zip"]["cluster"]
+                              if c["label"] in ("colocated", "split-2p2d")]}
+    _, runs = expand_runs(raw, ["workload.num_requests=300"], source=str(path))
+    p99 = {r.swept["cluster"]["label"]: simulate_config(r.config, path.parent).summary[
+        "p99_tpot_ms"] for r in runs}
+    assert p99["split-2p2d"] < p99["colocated"]
