@@ -30,20 +30,19 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from dataclasses import replace as dc_replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from routers import Router
+from sim.cluster.handoff import TransferLog, blocks_to_reserve, record, trigger
 from sim.cluster.kv_links import Topology
 from sim.cluster.loads import LoadBoard
 from sim.cluster.network import Network
 from sim.cluster.routed import PrefixChains, RoutingLog, arrival_of
 from sim.core.errors import InputError
 from sim.core.routing import ReplicaLoad
-from sim.core.rules import blocks_needed, watermark_blocks
 from sim.core.types import Request
 from sim.engine.drive import ReplicaEvent, drop_landed_kv, land_kv, release_held, reserve_kv
 from sim.engine.replica import never_fits
@@ -52,28 +51,6 @@ from sim.engine.validate import EngineError
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
 
-NAN = math.nan
-
-
-@dataclass
-class TransferLog:
-    """Per request (by position in arrival order): where it went and when its KV moved."""
-
-    prefill_replica: np.ndarray
-    decode_replica: np.ndarray
-    prefill_done_s: np.ndarray  # first token sampled on the prefill replica
-    kv_start_s: np.ndarray  # blocks reserved, transfer started
-    kv_landed_s: np.ndarray
-    kv_bytes: np.ndarray
-    num_transfers: np.ndarray
-    reject_reason: list[str]  # '' unless no decode replica could ever hold the request
-
-    @classmethod
-    def empty(cls, n: int) -> TransferLog:
-        """A log of ``n`` requests, nothing happened yet."""
-        nan = np.full(n, NAN)
-        return cls(np.full(n, -1, np.int64), np.full(n, -1, np.int64), nan.copy(), nan.copy(),
-                   nan.copy(), np.zeros(n), np.zeros(n, np.int64), [""] * n)
 
 
 @dataclass
@@ -195,7 +172,7 @@ class DisaggDriver:
         self._wake = wake
         if t < math.inf:
             timer = env.timeout(max(0.0, t - env.now))
-            timer.callbacks.append(lambda _: _trigger(wake))
+            timer.callbacks.append(lambda _: trigger(wake))
         env.run(until=wake)
         while env.peek() <= env.now:  # every landing at this same instant
             env.step()
@@ -204,7 +181,7 @@ class DisaggDriver:
     def _on_landed(self, k: int) -> None:
         self.landed.append(k)
         self.in_flight -= 1
-        _trigger(self._wake)
+        trigger(self._wake)
 
     # -- what happens at one instant ----------------------------------------------------------
     def _route_prefill(self, k: int, now: float) -> None:
@@ -214,7 +191,7 @@ class DisaggDriver:
         if not 0 <= choice < len(self.prefill):
             raise RuntimeError(f"router {self.router.name!r} chose prefill replica {choice} "
                                f"of {len(self.prefill)}")
-        _record(self.log, now, req.id, choice, loads)
+        record(self.log, now, req.id, choice, loads)
         self.out.prefill_replica[k] = choice
         self.prefill[choice].admit(replace(req, num_output_tokens=1))
 
@@ -233,13 +210,13 @@ class DisaggDriver:
             if not 0 <= choice < len(self.decode):
                 raise RuntimeError(f"decode router {self.decode_router.name!r} chose decode "
                                    f"replica {choice} of {len(self.decode)}")
-            _record(self.decode_log, now, req.id, choice, loads)
+            record(self.decode_log, now, req.id, choice, loads)
             self.out.decode_replica[k] = len(self.prefill) + choice  # replica numbers
             rep = self.decode[choice]
             cfg = rep.pool.config
             why = never_fits(cfg, rep.max_model_len, req.num_prompt_tokens,
                              req.num_output_tokens)
-            if not why and _blocks_to_reserve(rep, req) > cfg.num_blocks:
+            if not why and blocks_to_reserve(rep, req) > cfg.num_blocks:
                 why = (f"its prompt's {req.num_prompt_tokens} tokens of KV and the reservation "
                        f"headroom exceed the {cfg.num_blocks} blocks of the cache")
             if why:
@@ -262,7 +239,7 @@ class DisaggDriver:
 
     def _decode_loads(self, now: float) -> list[ReplicaLoad]:
         """Decode replicas' loads, counting requests queued for or in transfer as waiting."""
-        return [dc_replace(load, num_waiting=load.num_waiting + len(q) + len(rep.incoming))
+        return [replace(load, num_waiting=load.num_waiting + len(q) + len(rep.incoming))
                 for load, q, rep in zip(self.decode_board.read(now), self.queues, self.decode,
                                         strict=True)]
 
@@ -278,7 +255,7 @@ class DisaggDriver:
             while queue and not rep.preempted:  # an overloaded replica recomputes first
                 there = (len(rep.running) + len(rep.waiting) + len(rep.preempted)
                          + len(rep.pending) + len(rep.incoming))
-                if _blocks_to_reserve(rep, self.reqs[queue[0]]) + there > rep.pool.view_free:
+                if blocks_to_reserve(rep, self.reqs[queue[0]]) + there > rep.pool.view_free:
                     break  # back-pressure: wait for blocks, holding the KV where it is
                 self._send(queue.popleft(), d, now)
 
@@ -314,27 +291,3 @@ class DisaggDriver:
         req = self.reqs[k]
         release_held(self.prefill[self.out.prefill_replica[k]], req.id)
         self.out.reject_reason[k] = why
-
-
-def _blocks_to_reserve(rep: Replica, req: Request) -> int:
-    """Free blocks (as policies count them) a reservation of ``req``'s prompt KV needs on an
-    otherwise empty ``rep``: its blocks, one block of headroom for its next token, and the
-    policy's watermark (``DisaggDriver._reserve`` adds one block per request already there)."""
-    cfg = rep.pool.config
-    mark = watermark_blocks(float(getattr(rep.policy, "watermark", 0.0)), cfg.num_blocks)
-    need = blocks_needed(req.num_prompt_tokens, cfg.reserve_for(req.num_prompt_tokens), 0,
-                         cfg.block_size)
-    return need + 1 + mark
-
-
-def _trigger(event: simpy.Event) -> None:
-    """Succeed ``event`` unless it already was."""
-    if not event.triggered:
-        event.succeed()
-
-
-def _record(log: RoutingLog, now: float, rid: int, choice: int, loads: Sequence) -> None:
-    log.time_s.append(now)
-    log.request_id.append(rid)
-    log.replica.append(choice)
-    log.outstanding.append([s.num_outstanding for s in loads])

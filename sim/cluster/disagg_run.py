@@ -19,8 +19,9 @@ import pandas as pd
 
 from policies import make_policy
 from routers import Router
-from sim.cluster.disagg import DisaggDriver, TransferLog
+from sim.cluster.disagg import DisaggDriver
 from sim.cluster.groups import Group, capacity_weights
+from sim.cluster.handoff import TransferLog
 from sim.cluster.kv_links import build_topology
 from sim.core.errors import InputError
 from sim.core.state import Seq
