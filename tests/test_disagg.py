@@ -230,3 +230,13 @@ def test_every_disaggregation_key_is_checked_with_its_path(change, message) -> N
     cl.update(change)
     with pytest.raises(sim.InputError, match=message):
         run([req(0)], cl)
+
+
+def test_a_horizon_cuts_a_disaggregated_run_short_and_says_so() -> None:
+    reqs = [req(i, t=0.01 * i, prompt=40, out=30) for i in range(30)]
+    cl = cluster(ConstantCost(step_s=0.02), ConstantCost(step_s=0.01), kv_d=kv(12))
+    res = run(reqs, cl, horizon_s=0.3)
+    t = res.requests
+    assert res.summary["partial"] and res.summary["num_unfinished"] > 0
+    assert set(t.status) <= {"finished", "waiting", "running"}
+    assert (t[t.status == "finished"].num_generated == 30).all()  # only true finishes count

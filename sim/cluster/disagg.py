@@ -141,6 +141,8 @@ class DisaggDriver:
             later = self._next_time(now, reqs[nxt].arrival_s if nxt < len(reqs) else math.inf)
             if later is None and self._break_stall():
                 continue  # a decode replica gave KV back: plan again at ``now``
+            if later is None and any(rep.done for rep in everyone):
+                break  # cut short (limits.horizon_s or wall_clock_s): the run is partial
             if later is None:
                 raise EngineError(f"disaggregated cluster stalled at t={now:.6f}s: "
                                   f"{len(reqs) - self.settled} prefills unfinished, "

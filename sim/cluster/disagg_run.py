@@ -98,6 +98,8 @@ def joined_table(reqs: Sequence[Request], pre: dict[int, Seq], dec: dict[int, Se
         second = dec.get(req.id)
         if moved.reject_reason[k]:
             first.reject(float(moved.prefill_done_s[k]), moved.reject_reason[k])
+        elif second is None and moved.decode_replica[k] >= 0:  # a run cut short: never sent
+            first.status, first.finish_s = "waiting", np.nan
         if second is None:
             final.append(first)
             continue
