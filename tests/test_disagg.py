@@ -156,14 +156,16 @@ def test_a_request_no_decode_replica_can_hold_is_rejected_and_its_kv_freed() -> 
 @given(st.lists(st.tuples(st.floats(0, 0.2), st.integers(1, 80), st.integers(1, 60)),
                 min_size=1, max_size=25),
        st.integers(6, 12), st.integers(1, 2), st.integers(1, 2), st.booleans(),
-       st.sampled_from([1, 2, 64]))
+       st.sampled_from([1, 2, 64]), st.sampled_from(["recompute", "swap"]))
 def test_nothing_is_lost_and_nothing_decodes_before_its_kv_lands(rows, decode_blocks, n_p, n_d,
-                                                                 chunked, decode_seqs) -> None:
+                                                                 chunked, decode_seqs,
+                                                                 preemption) -> None:
     # tiny pools on both sides: back-pressure, decode-side preemption, and requests that
     # landed but wait for a batch slot while the replica's queue head cannot fit
     reqs = [req(i, t, p, o) for i, (t, p, o) in enumerate(rows)]
     cl = cluster(LinearCost(base_s=0.004, per_token_s=1e-5), ConstantCost(step_s=0.003),
-                 n_p=n_p, n_d=n_d, kv_p=kv(12), kv_d=kv(decode_blocks))
+                 n_p=n_p, n_d=n_d, kv_p=kv(12, preemption=preemption, swap_gbps=1.0),
+                 kv_d=kv(decode_blocks, preemption=preemption, swap_gbps=1.0))
     cl["groups"][1]["policy"] = {"name": "continuous", "max_num_seqs": decode_seqs}
     policy = ({"name": "chunked_prefill", "token_budget": 32, "max_num_seqs": 8} if chunked
               else {"name": "continuous"})

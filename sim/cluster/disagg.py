@@ -139,7 +139,7 @@ class DisaggDriver:
                 if rep.flight is None and not rep.idle and not rep.done:
                     rep.advance_until(ahead)
             later = self._next_time(now, reqs[nxt].arrival_s if nxt < len(reqs) else math.inf)
-            if later is None and self._break_stall():
+            if later is None and self._break_stall(now):
                 continue  # a decode replica gave KV back: plan again at ``now``
             if later is None and any(rep.done for rep in everyone):
                 break  # cut short (limits.horizon_s or wall_clock_s): the run is partial
@@ -148,6 +148,13 @@ class DisaggDriver:
                                   f"{len(reqs) - self.settled} prefills unfinished, "
                                   f"{sum(map(len, self.queues))} waiting for decode blocks")
             now = later
+        # nothing more reaches the decode side: run it out, still open, so that a replica stuck
+        # behind KV that landed idles (and gives it back) instead of ending
+        while True:
+            for rep in self.decode:
+                rep.advance_until(math.inf)
+            if not self._break_stall():
+                break
         for rep in everyone:
             rep.close()
         for rep in everyone:
@@ -169,7 +176,7 @@ class DisaggDriver:
                 t = min(t, rep.wake_s)
         env = self.env
         if not self.in_flight:
-            return None if t == math.inf else t
+            return None if t == math.inf else max(t, math.nextafter(now, math.inf))
         wake = env.event()
         self._wake = wake
         if t < math.inf:
@@ -178,7 +185,9 @@ class DisaggDriver:
         env.run(until=wake)
         while env.peek() <= env.now:  # every landing at this same instant
             env.step()
-        return env.now if self.landed else max(t, now)
+        # the links keep their own float clock: never before the instant after ``now`` (the
+        # replicas may have been advanced to it to plan at ``now``)
+        return max(env.now if self.landed else t, math.nextafter(now, math.inf))
 
     def _on_landed(self, k: int) -> None:
         self.landed.append(k)
@@ -226,16 +235,17 @@ class DisaggDriver:
             else:
                 self.queues[choice].append(k)
 
-    def _break_stall(self) -> bool:
+    def _break_stall(self, now: float | None = None) -> bool:
         """Nothing can happen any more: a decode replica that runs nothing while requests
         that landed hold its blocks (its queue's head, a preempted request, needs more than is
-        free) preempts the newest of them (recompute). False when none can."""
+        free) preempts the newest of them (recompute), at ``now`` (default: where it stopped).
+        False when none can."""
         moved = False
         for rep in self.decode:
             if rep.flight is None and not rep.running and (rep.preempted or rep.waiting):
                 landed = [sid for sid, s in rep.waiting.items() if s.num_blocks]
                 if landed:
-                    drop_landed_kv(rep, landed[-1])
+                    drop_landed_kv(rep, landed[-1], rep.clock if now is None else now)
                     moved = True
         return moved
 
@@ -248,15 +258,20 @@ class DisaggDriver:
     def _reserve(self, now: float) -> None:
         """Start every transfer whose decode replica can reserve its blocks now (in order).
 
-        A reservation leaves free one block per request on the replica (itself included) plus
-        the policy's watermark: whatever runs there is preempted or finishes, the requests
-        that landed can then always be admitted for their next token (no deadlock of waiting
-        requests each holding its prompt's blocks)."""
+        A reservation needs a batch slot for the request (the policy's ``max_num_seqs``, counting
+        every request on the replica and in transit to it) and leaves free one block per request
+        there (itself included) plus the policy's watermark: a request that landed is then
+        admitted at once rather than waiting, holding its prompt's blocks, behind a batch it
+        cannot join, and whatever runs there is preempted or finishes, the requests that landed
+        can always be admitted for their next token."""
         for d, queue in enumerate(self.queues):
             rep = self.decode[d]
+            seats = rep.policy.slot_capacity
             while queue and not rep.preempted:  # an overloaded replica recomputes first
                 there = (len(rep.running) + len(rep.waiting) + len(rep.preempted)
                          + len(rep.pending) + len(rep.incoming))
+                if seats is not None and there >= seats:
+                    break  # no batch slot: it would wait there holding blocks
                 if blocks_to_reserve(rep, self.reqs[queue[0]]) + there > rep.pool.view_free:
                     break  # back-pressure: wait for blocks, holding the KV where it is
                 self._send(queue.popleft(), d, now)

@@ -145,15 +145,17 @@ def land_kv(rep: Replica, request_id: int) -> None:
         rep.idle = False
 
 
-def drop_landed_kv(rep: Replica, request_id: int) -> None:
-    """Preempt a request that landed with its KV but was never admitted (``land_kv``): it gives
-    its blocks back and recomputes its prompt on ``rep`` (recompute preemption)."""
+def drop_landed_kv(rep: Replica, request_id: int, now: float) -> None:
+    """At ``now``, preempt a request that landed with its KV but was never admitted
+    (``land_kv``): it gives its blocks back and recomputes its prompt on ``rep`` (recompute
+    preemption). An idle ``rep`` plans again at ``now``."""
     seq = rep.waiting.pop(request_id)
     rep.pool.release(seq)
     seq.preempt()
     rep.preempted[request_id] = seq
     rep._queue_views = None  # noqa: SLF001 - the replica's own queue cache, reset as it does
     if rep.flight is None:
+        rep.clock = max(rep.clock, now)
         rep.idle = False
 
 

@@ -42,7 +42,11 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
     if plan.wake_at_s is not None and not plan.run and plan.wake_at_s <= now:
         fail(rep, now, f"wake_at_s={plan.wake_at_s} is not in the future")
     if not plan.run:
-        if plan.padding or plan.preempt:
+        # preempting to make room, running nothing, is a plan only when blocks are held for
+        # requests whose KV was computed elsewhere: landed and waiting, or still in transit
+        # (``sim.engine.drive.reserve_kv`` / ``land_kv``)
+        if plan.padding or (plan.preempt and not rep.incoming
+                            and not any(s.num_blocks for s in rep.waiting.values())):
             fail(rep, now, "padding rows or preemptions without any request to run")
         return
     if pol.max_num_seqs is not None and len(plan.run) > pol.max_num_seqs:
