@@ -7,7 +7,7 @@ step, so E2E = prefill step + transfer + (n - 1) decode steps.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import sim
@@ -153,6 +153,13 @@ def test_a_request_no_decode_replica_can_hold_is_rejected_and_its_kv_freed() -> 
 
 
 @settings(max_examples=40, deadline=None)
+# cases found before: a preemption-only plan, a queue head stuck behind landed KV, a stall
+# broken at the instant after the replicas planned
+@example([(0.0, 22, 60), (0.0625, 1, 2)], 6, 1, 1, False, 1, "recompute")
+@example([(0.0, 54, 60), (0.125, 80, 2)], 12, 1, 1, False, 2, "recompute")
+@example([(0.17765049564062085, 59, 13), (0.18241652384523754, 71, 38),
+          (0.19855472251340178, 1, 59), (0.19486655091321603, 40, 49),
+          (0.17133947579898587, 56, 42)], 11, 1, 2, False, 2, "recompute")
 @given(st.lists(st.tuples(st.floats(0, 0.2), st.integers(1, 80), st.integers(1, 60)),
                 min_size=1, max_size=25),
        st.integers(6, 12), st.integers(1, 2), st.integers(1, 2), st.booleans(),

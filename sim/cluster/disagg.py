@@ -140,7 +140,8 @@ class DisaggDriver:
                     rep.advance_until(ahead)
             later = self._next_time(now, reqs[nxt].arrival_s if nxt < len(reqs) else math.inf)
             if later is None and self._break_stall(now):
-                continue  # a decode replica gave KV back: plan again at ``now``
+                now = math.nextafter(now, math.inf)  # where the replicas were planned to
+                continue  # a decode replica gave KV back: it plans again
             if later is None and any(rep.done for rep in everyone):
                 break  # cut short (limits.horizon_s or wall_clock_s): the run is partial
             if later is None:
