@@ -4,9 +4,8 @@ A request is routed (the cluster's ``router``) to a prefill replica, which compu
 and samples the first token (its TTFT) as a request of one output token. The finished prefill
 keeps its KV there (``hold_kv``) and is routed, once, by the ``decode_router`` to a decode
 replica, where it joins that replica's reservation queue (first come, first served). When the
-decode replica has the blocks for the prompt's KV free (``view_free``, policies' view, less a
-headroom of one block per request already there so a reservation does not force preemptions
-of running decodes; ``_reserve``) it reserves them (``reserve_kv``) and the transfer starts
+decode replica has a batch slot and the blocks for the prompt's KV free, with headroom
+(``_reserve``), it reserves them (``reserve_kv``) and the transfer starts
 (``sim.cluster.network``, the paths of ``sim.cluster.kv_links``). When its last byte lands the
 KV is released on the prefill replica (``release_held``) and the request joins the decode
 replica's waiting queue with its prompt computed (``land_kv``): its next step is a decode step
