@@ -138,6 +138,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     """``batchsim capacity EXP.yaml --slo ...``: highest rate meeting the SLOs per policy."""
     from sim.experiments.capacity import run_capacity
 
+    if args.split_gpus is not None:  # colocated vs every prefill:decode split of N GPUs
+        from sim.experiments.capacity_split import main_hook
+
+        return main_hook(args)
     run_capacity(args.config, slo=args.slo, attainment=args.attainment, overrides=args.set,
                  out=args.out, tolerance=args.tolerance, jobs=args.jobs, quiet=args.quiet,
                  sweeps=_sweeps(args.sweep))
@@ -239,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "runs/<name>-capacity); probe results are cached there and reused")
     cap.add_argument("--jobs", type=int, default=1, help="probes run in parallel per round")
     cap.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    cap.add_argument("--split-gpus", type=int, default=None, metavar="N",
+                     help="compare the colocated deployment of N GPUs with every "
+                     "prefill:decode split of them (docs/disaggregation.md)")
     cap.set_defaults(func=cmd_capacity)
 
     pr = sub.add_parser("profiles", help="list built-in GPUs and models; --hardware X: the "

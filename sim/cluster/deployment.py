@@ -11,7 +11,7 @@ caches differ in size (one cache size is needed to read usage as a share);
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,9 @@ import pandas as pd
 
 from policies import make_policy
 from routers import Router
-from sim.cluster.groups import Group, capacity_weights
+from sim.cluster.disagg import DisaggDriver
+from sim.cluster.disagg_run import disagg_summary, link_table, per_gpu, run_disagg
+from sim.cluster.groups import Group, capacity_weights, is_disaggregated
 from sim.cluster.metrics import imbalance, per_replica
 from sim.cluster.routed import run_routed
 from sim.core.arrays import TraceArrays
@@ -41,10 +43,14 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
                     event_skipping: bool = True, wall_clock_s: float | None = None,
                     max_model_len: int | None | str = "model", rng: np.random.Generator,
                     step_table: str = "auto",
-                    monitor: Callable[[Sequence[StepLog], np.ndarray], None] | None = None
-                    ) -> SimResult:
+                    monitor: Callable[[Sequence[StepLog], np.ndarray], None] | None = None,
+                    disagg: Mapping[str, Any] | None = None) -> SimResult:
     """Simulate ``requests`` on the groups' replicas behind ``router`` (a cluster keeps its
-    whole step table: ``step_table="buckets"`` is refused; ``monitor`` as ``simulate``)."""
+    whole step table: ``step_table="buckets"`` is refused; ``monitor`` as ``simulate``).
+
+    Groups with prefill and decode roles run disaggregated (``sim.cluster.disagg``);
+    ``disagg`` then holds ``decode_router`` (a ``Router``), ``network`` (the block) and
+    ``decode_rng``."""
     if step_table == "buckets":
         raise InputError("a cluster keeps one row per step; bucketed step tables are not "
                          "supported for clusters yet", field="metrics.step_table")
@@ -54,6 +60,17 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
     reqs.sort(key=lambda r: (r.arrival_s, r.id))
     deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
     log = StepLog()
+    if monitor is not None:
+        monitor([log], np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
+    if is_disaggregated(groups):
+        assert disagg is not None
+        options = {"checks": checks, "horizon_s": horizon_s, "event_skipping": event_skipping,
+                   "deadline": deadline, "max_model_len": max_model_len}
+        table, reps, owners, driver = run_disagg(
+            reqs, groups, router, disagg["decode_router"], disagg["network"],
+            (rng, disagg["decode_rng"]), log, options)
+        return _result(table, log, reps, owners, groups, router, seed, warmup_s,
+                       cooldown_s, slos, driver.log, driver)
     seqs: dict[int, Seq] = {}
     replicas: list[Replica] = []
     owner: list[Group] = []
@@ -71,10 +88,20 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
     weights = [g.weight if g.weight is not None else w for g, w in zip(owner, measured,
                                                                          strict=True)]
     block = min(rep.pool.config.block_size for rep in replicas)
-    if monitor is not None:
-        monitor([log], np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
     routing = run_routed(reqs, replicas, router, rng, block, weights)
     table = request_table(sorted(seqs.values(), key=lambda s: s.req.id))
+    result = _result(table, log, replicas, owner, groups, router, seed, warmup_s, cooldown_s,
+                     slos, routing, None)
+    assert result.replicas is not None
+    result.replicas.insert(2, "weight", weights)
+    return result
+
+
+def _result(table: pd.DataFrame, log: StepLog, replicas: list[Replica], owner: list[Group],
+            groups: list[Group], router: Router, seed: int, warmup_s: float,
+            cooldown_s: float, slos: dict[str, float] | None, routing: Any,
+            driver: DisaggDriver | None) -> SimResult:
+    """The result of a cluster run: tables with ``group``, summaries, per group and replica."""
     names = np.array([g.name for g in owner], dtype=object)
     table.insert(list(table.columns).index("replica") + 1, "group", names[table["replica"]])
     steps = log.table()
@@ -85,7 +112,15 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
     runs = log.irregular_runs()
     window = {"warmup_s": warmup_s, "cooldown_s": cooldown_s, "slos": slos}
     summary = _summary(table, steps, runs, replicas, owner, window)
-    summary.update(imbalance(routing, steps, len(replicas)))
+    if driver is None:
+        summary.update(imbalance(routing, steps, len(replicas)))
+    else:  # each side over its own replicas
+        n_p = len(driver.prefill)
+        side = steps["replica"].to_numpy() < n_p if len(steps) else np.zeros(0, bool)
+        summary.update(imbalance(routing, steps[side], n_p))
+        decode_steps = steps[~side].assign(replica=steps["replica"][~side] - n_p)
+        summary.update({f"decode_{k}": v for k, v in imbalance(
+            driver.decode_log, decode_steps, len(driver.decode)).items()})
     summary.update(router=router.name, seed=seed)
     summary["partial"] = bool(summary["num_unfinished"] > 0)
     gaps, _, counts = canonical_irregular([runs])
@@ -93,9 +128,14 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
                        "+".join(sorted({engine_profile(g.cost) for g in groups})))
     result.replicas = per_replica(table, steps, len(replicas))
     result.replicas.insert(1, "group", names)
-    result.replicas.insert(2, "weight", weights)
     result.routing = routing
     result.groups = _group_table(table, steps, runs, replicas, owner, groups, window)
+    summary.update(per_gpu(summary, sum(g.replicas * g.tp for g in groups)))
+    if driver is not None:
+        summary.update(disagg_summary(table, driver, float(summary["duration"])))
+        summary["decode_router"] = driver.decode_router.name
+        result.links = link_table(driver, float(summary["duration"]))
+        result.groups.insert(1, "role", [g.role for g in groups])
     return result
 
 

@@ -26,6 +26,8 @@ from sim.core.errors import InputError
 from sim.core.fields import INT, MAP, NUM, OPT, STR, Key, validate_fields
 from sim.cost.base import CostModel
 
+#: A group's role: colocated, or one side of disaggregated serving.
+ROLES = ("mixed", "prefill", "decode")
 GROUP_FIELDS: dict[str, Any] = {
     "name": Key(STR, None, "Group name, unique in the cluster (the requests table's `group`).",
                 required=True),
@@ -39,6 +41,18 @@ GROUP_FIELDS: dict[str, Any] = {
     "kv": Key(MAP + (OPT,), None, "KV block (default: the experiment's)."),
     "weight": Key(NUM + (OPT,), None, "Relative capacity of one replica (default: measured "
                   "from the cost model).", minimum=0, exclusive_min=True, maximum=1e6),
+    "role": Key(STR, "mixed", "mixed (prefill and decode), prefill (prompts only; KV sent on)"
+                " or decode (receives KV, decodes); see docs/disaggregation.md.",
+                choices=ROLES),
+}
+#: Keys of the ``cluster`` block besides ``groups`` (a disaggregated cluster's).
+CLUSTER_FIELDS: dict[str, Any] = {
+    "label": Key(STR + (OPT,), None, "Name of this deployment in tables and plots (what a "
+                 "swept cluster block is shown as)."),
+    "decode_router": Key(MAP + STR + (OPT,), None, "Router choosing the decode replica of a "
+                         "finished prefill (default: round_robin); prefill/decode roles only."),
+    "network": Key(MAP + (OPT,), None, "Links KV transfers cross: {gpus_per_node, nvlink_gbps, "
+                   "nic_gbps, nvlink_latency_us, nic_latency_us}; prefill/decode roles only."),
 }
 #: Most groups a cluster may have.
 MAX_GROUPS = 64
@@ -57,6 +71,8 @@ class Group:
     kv: Any
     weight: float | None
     hardware: str = ""
+    role: str = "mixed"
+    tp: int = 1  # GPUs per replica (where its KV lives: ``sim.cluster.kv_links``)
 
 
 def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
@@ -68,10 +84,12 @@ def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
     from Python a group may instead carry a ready ``cost`` model, and a group that names no
     model or hardware uses the ``cost`` argument of ``simulate``.
     """
-    if not isinstance(cluster, Mapping) or set(cluster) - {"groups"}:
-        extra = sorted(set(cluster) - {"groups"}) if isinstance(cluster, Mapping) else None
-        raise InputError(f"unknown key {extra[0]!r}; accepted: groups" if extra else
-                         "expected a mapping with a 'groups' list", field="cluster")
+    accepted = {"groups", *CLUSTER_FIELDS}
+    if not isinstance(cluster, Mapping) or set(cluster) - accepted:
+        extra = sorted(set(cluster) - accepted) if isinstance(cluster, Mapping) else None
+        raise InputError(f"unknown key {extra[0]!r}; accepted: {', '.join(sorted(accepted))}"
+                         if extra else "expected a mapping with a 'groups' list",
+                         field="cluster")
     groups = cluster.get("groups")
     if not isinstance(groups, list) or not groups or len(groups) > MAX_GROUPS:
         raise InputError(f"expected a list of 1 to {MAX_GROUPS} groups", field="cluster.groups")
@@ -89,10 +107,41 @@ def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
             group_cost, hardware = _group_cost(g, ready, cost, cost_keys)
         except InputError as e:
             raise InputError(e.problem, field=f"{where}.{e.field or 'hardware'}") from None
+        tp = g["tp"] if g["tp"] is not None else int(getattr(group_cost, "tp", 1))
         out.append(Group(g["name"], g["replicas"], group_cost,
                          g["policy"] if g["policy"] is not None else policy,
-                         g["kv"] if g["kv"] is not None else kv, g["weight"], hardware))
+                         g["kv"] if g["kv"] is not None else kv, g["weight"], hardware,
+                         g["role"], tp))
+    check_roles(cluster, out)
     return out
+
+
+def check_roles(cluster: Mapping[str, Any], groups: list[Group]) -> None:
+    """Roles are all ``mixed``, or prefill and decode groups (both present, nothing mixed);
+    ``decode_router`` and ``network`` belong to the latter."""
+    extra = {k: v for k, v in validate_fields(
+        {k: v for k, v in cluster.items() if k != "groups"}, CLUSTER_FIELDS,
+        "cluster.").items() if v is not None and k != "label"}
+    roles = {g.role for g in groups}
+    if roles == {"mixed"}:
+        if extra:
+            raise InputError("needs groups with role prefill and decode",
+                             field=f"cluster.{sorted(extra)[0]}")
+        return
+    for role in ("prefill", "decode"):
+        if role not in roles:
+            raise InputError(f"a disaggregated cluster needs a group with role {role}; "
+                             f"mixed groups cannot be combined with prefill/decode ones",
+                             field="cluster.groups")
+    if "mixed" in roles:
+        k = next(i for i, g in enumerate(groups) if g.role == "mixed")
+        raise InputError("mixed groups cannot be combined with prefill/decode ones",
+                         field=f"cluster.groups[{k}].role")
+
+
+def is_disaggregated(groups: Sequence[Group]) -> bool:
+    """True when the groups split prefill and decode (``check_roles`` has passed)."""
+    return any(g.role != "mixed" for g in groups)
 
 
 def _group_cost(g: dict[str, Any], ready: Any, cost: CostModel | None,

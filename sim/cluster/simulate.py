@@ -17,10 +17,11 @@ import numpy as np
 from routers import Router, make_router
 from routers.balance import RoundRobin
 from sim.cluster.deployment import simulate_groups
-from sim.cluster.groups import parse_groups
+from sim.cluster.groups import is_disaggregated, parse_groups
 from sim.cluster.metrics import imbalance, per_replica
 from sim.cluster.routed import RoutingLog, run_routed
 from sim.core.arrays import TraceArrays
+from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.engine.replica import Replica
 from sim.engine.simulate import SimResult
@@ -28,6 +29,8 @@ from sim.engine.simulate import simulate as simulate_replicas
 
 #: Spawn key of the router's random stream: independent of any other use of the seed.
 ROUTER_STREAM = 0x524F5554
+#: Spawn key of a disaggregated cluster's decode router.
+DECODE_ROUTER_STREAM = 0x44524F55
 
 
 class RoutedDriver:
@@ -83,9 +86,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost
     return result
 
 
-def router_rng(seed: int) -> np.random.Generator:
-    """The router's random stream of a run with ``seed``."""
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(ROUTER_STREAM,)))
+def router_rng(seed: int, stream: int = ROUTER_STREAM) -> np.random.Generator:
+    """The router's random stream of a run with ``seed`` (``stream``: another router's)."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
 
 
 def _simulate_cluster(requests: Sequence[Request] | TraceArrays, policy: Any, cost: Any,
@@ -97,4 +100,14 @@ def _simulate_cluster(requests: Sequence[Request] | TraceArrays, policy: Any, co
     groups = parse_groups(cluster, policy=policy if policy is not None else "continuous",
                           kv=kv, cost=cost, cost_keys=cost_keys)
     chosen = make_router(router if router is not None else "round_robin")
-    return simulate_groups(requests, groups, chosen, seed, rng=router_rng(seed), **options)
+    disagg = None
+    if is_disaggregated(groups):
+        spec = cluster.get("decode_router")
+        try:
+            second = make_router(spec if spec is not None else "round_robin")
+        except InputError as e:  # name the key it came from
+            raise InputError(e.problem, field=f"cluster.decode_{e.field or 'router'}") from None
+        disagg = {"decode_router": second, "network": cluster.get("network"),
+                  "decode_rng": router_rng(seed, DECODE_ROUTER_STREAM)}
+    return simulate_groups(requests, groups, chosen, seed, rng=router_rng(seed), disagg=disagg,
+                           **options)

@@ -27,6 +27,11 @@ What ``advance_until(t)`` does, exactly:
 joins the waiting queue (or is rejected if it can never fit) at the next scheduling point.
 Policies see ``more_arrivals=True`` until ``close()`` says nothing more will come.
 ``state()`` is a frozen ``ReplicaState``; ``listener`` receives ``ReplicaEvent`` values.
+
+Disaggregated serving (``sim.cluster.disagg``) adds three calls: ``reserve_kv`` (blocks for a
+request whose prompt was computed elsewhere, held while its KV is in transit), ``land_kv``
+(the KV arrived: the request waits for its first decode step) and, on the sending replica,
+``release_held`` (with ``hold_kv`` set, a finished request keeps its blocks until then).
 """
 from __future__ import annotations
 
@@ -113,6 +118,57 @@ def admit(rep: Replica, request: Request) -> None:
         rep.idle = False
 
 
+def reserve_kv(rep: Replica, request: Request, num_tokens: int, first_token_s: float) -> Seq:
+    """Reserve the blocks of ``request``'s ``num_tokens`` computed tokens on ``rep`` before
+    they are sent here (disaggregated serving): the request's prompt was computed and its
+    first token sampled elsewhere at ``first_token_s``. It joins no queue until ``land_kv``;
+    the caller checks that the blocks are free (``ReplicaSteps.pool.view_free``)."""
+    seq = Seq(request, rep.index)
+    seq.num_computed = seq.max_held = num_tokens
+    seq.num_generated = 1
+    seq.first_token_s = seq.last_token_s = first_token_s
+    rep.pool.grow(seq, num_tokens)
+    rep.seqs[request.id] = seq
+    rep.incoming[request.id] = seq
+    return seq
+
+
+def land_kv(rep: Replica, request_id: int) -> None:
+    """The KV of a request reserved by ``reserve_kv`` has landed at the time ``rep`` was
+    advanced to: it joins the waiting queue at the next scheduling point, its prompt already
+    computed (its next step is a decode step)."""
+    seq = rep.incoming.pop(request_id)
+    rep.pending.append(seq)
+    if rep.flight is None and rep.advanced_s > rep.clock:
+        rep.clock = rep.advanced_s
+    if rep.flight is None:
+        rep.idle = False
+
+
+def drop_landed_kv(rep: Replica, request_id: int, now: float) -> None:
+    """At ``now``, preempt a request that landed with its KV but was never admitted
+    (``land_kv``): it gives its blocks back and recomputes its prompt on ``rep`` (recompute
+    preemption). An idle ``rep`` plans again at ``now``."""
+    seq = rep.waiting.pop(request_id)
+    rep.pool.release(seq)
+    seq.preempt()
+    rep.preempted[request_id] = seq
+    rep._queue_views = None  # noqa: SLF001 - the replica's own queue cache, reset as it does
+    if rep.flight is None:
+        rep.clock = max(rep.clock, now)
+        rep.idle = False
+
+
+def release_held(rep: Replica, request_id: int) -> None:
+    """Free the KV a finished request kept on ``rep`` (``hold_kv``) once it has been sent, at
+    the time ``rep`` was advanced to: an idle replica plans again (the blocks may admit)."""
+    rep.pool.release(rep.held.pop(request_id))
+    if rep.flight is None and rep.advanced_s > rep.clock:
+        rep.clock = rep.advanced_s
+    if rep.flight is None and not rep.done:
+        rep.idle = False
+
+
 @dataclass(frozen=True, slots=True)
 class Outstanding:
     """What a replica still has to do, counted in one walk over its queues (the one rule that
@@ -164,5 +220,5 @@ def emit_first_tokens(rep: ReplicaSteps, run: Mapping[int, int], end: float) -> 
 
 
 __all__ = ["EVENT_KINDS", "Outstanding", "ReplicaEvent", "ReplicaState", "admit",
-           "advance_until", "outstanding",
-           "emit_first_tokens", "replica_state"]
+           "advance_until", "drop_landed_kv", "land_kv", "outstanding", "release_held",
+           "reserve_kv", "emit_first_tokens", "replica_state"]

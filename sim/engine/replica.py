@@ -145,13 +145,16 @@ class Replica(ReplicaSteps):
         for sid, reason in plan.reject.items():
             self._reject(self._pop_waiting(sid), now, reason)
         if not plan.run:
+            if plan.preempt:  # room for requests that bring their KV (``validate_plan``)
+                for sid in plan.preempt:
+                    self._preempt(self.running.pop(sid), now)
+                return self.begin()  # plan again at the same instant
             wake = self._idle_until(plan, now)
             if wake is None:
                 self.done = True
                 return None
             self.idle, self.wake_s = True, wake
             return wake
-        self._swap_s = self._swap_bytes = 0.0
         for sid in plan.preempt:
             self._preempt(self.running.pop(sid), now)
         if plan.steady and self.skip and not self.pending and not plan.preempt:
@@ -161,7 +164,9 @@ class Replica(ReplicaSteps):
                 return self.flight.end_s
         shape, num_prefill, num_decode, recomputed = self._launch(plan, now)
         step = self.cost.step(shape)
+        # host transfers since the last step (a preemption-only plan's swap-outs included)
         swap_s, swap_bytes = self._swap_s, self._swap_bytes
+        self._swap_s = self._swap_bytes = 0.0
         # x + 0.0 == x exactly, so a step without transfers ends at now + step.seconds.
         self.flight = Flight(plan, now, now + (step.seconds + swap_s),
                              (step, shape, num_prefill, num_decode, recomputed, swap_s,

@@ -81,6 +81,8 @@ class SimResult:
     routing: Any = None
     #: One summary row per group of a heterogeneous cluster (``sim.cluster``), else ``None``.
     groups: pd.DataFrame | None = None
+    #: Per link of a disaggregated cluster: bytes carried, busy seconds, utilization.
+    links: pd.DataFrame | None = None
 
     @property
     def irregular_itl(self) -> list[float]:

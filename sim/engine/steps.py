@@ -83,6 +83,12 @@ class ReplicaSteps:
         self._queue_views: tuple[SeqView, ...] | None = None  # ``View.waiting``, kept
         #: Receives a ``ReplicaEvent`` at each first token, prefill end, finish and rejection.
         self.listener: Callable[[Any], None] | None = None
+        # Disaggregated serving (``sim.engine.drive``: ``reserve_kv``, ``land_kv``,
+        # ``release_held``): finished requests that keep their KV until it has been sent
+        # (``hold_kv``), and requests whose blocks are reserved while their KV is in transit.
+        self.hold_kv = False
+        self.held: dict[int, Seq] = {}
+        self.incoming: dict[int, Seq] = {}
 
     # -- state changes ------------------------------------------------------------------------
     def _pop_waiting(self, sid: int) -> Seq:
@@ -213,7 +219,10 @@ class ReplicaSteps:
         reject one whose next token can never fit."""
         if seq.status == "finished":
             self.pool.register(seq, seq.num_computed)
-            self.pool.release(seq)
+            if self.hold_kv:  # its KV is still to be sent: held until ``release_held``
+                self.held[seq.req.id] = seq
+            else:
+                self.pool.release(seq)
             del self.running[seq.req.id]
             if self.listener is not None:
                 self.listener(ReplicaEvent("finish", seq.req.id, self.index, end))
@@ -241,11 +250,20 @@ class ReplicaSteps:
     def check_invariants(self) -> None:
         """Deep per-step checks (on in tests): KV conservation and per-sequence consistency."""
         running = list(self.running.values())
-        self.pool.check(running)
+        # requests that arrived with their KV (``land_kv``) hold its blocks while they wait
+        # (admitted or queued); held and incoming requests hold theirs outside the queues
+        landed = [s for s in (*self.waiting.values(), *self.pending) if s.num_blocks]
+        self.pool.check(running + landed + [*self.held.values(), *self.incoming.values()])
+        for seq in landed:
+            bs = self.pool.config.block_size
+            if (seq.num_shared or seq.swapped or not seq.num_computed
+                    or seq.num_blocks < blocks_for(seq.num_computed, bs)):
+                raise AssertionError(f"waiting request {seq.req.id} holds KV it did not bring")
         for seq in running:
             seq.check(self.pool.config.block_size)
             if seq.swapped or seq.hit_tokens:
                 raise AssertionError(f"running request {seq.req.id} has its KV elsewhere")
-        for seq in (*self.waiting.values(), *self.preempted.values()):
+        for seq in (*(s for s in self.waiting.values() if not s.num_blocks),
+                    *self.preempted.values()):
             if seq.num_blocks or seq.num_shared or (seq.num_computed and not seq.swapped):
                 raise AssertionError(f"waiting request {seq.req.id} holds KV")

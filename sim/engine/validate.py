@@ -44,7 +44,11 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
     if plan.on_finish not in ON_FINISH:
         fail(rep, now, f"on_finish={plan.on_finish!r} is not one of {', '.join(ON_FINISH)}")
     if not plan.run:
-        if plan.padding or plan.preempt:
+        # preempting to make room, running nothing, is a plan only when blocks are held for
+        # requests whose KV was computed elsewhere: landed and waiting, or still in transit
+        # (``sim.engine.drive.reserve_kv`` / ``land_kv``)
+        if plan.padding or (plan.preempt and not rep.incoming
+                            and not any(s.num_blocks for s in rep.waiting.values())):
             fail(rep, now, "padding rows or preemptions without any request to run")
         return
     if pol.max_num_seqs is not None and len(plan.run) > pol.max_num_seqs:

@@ -26,6 +26,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def swept_value(value: Any) -> Any:
+    """A swept value as a table cell: a mapping's ``label`` (a swept ``cluster`` block names
+    itself so), other mappings and lists as YAML flow text, scalars as they are."""
+    if isinstance(value, dict) and isinstance(value.get("label"), str):
+        return value["label"]
+    return _fmt(value) if isinstance(value, (dict, list)) else value
+
+
 def _spec(spec: Any) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {"name": spec}
 

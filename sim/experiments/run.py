@@ -23,6 +23,7 @@ from sim.cost.validity import VALIDITY_COLUMNS
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
 from sim.experiments.executors import run_pool, run_serial, stop_pool, worker_init
 from sim.experiments.intervals import check_config_intervals
+from sim.experiments.labels import swept_value
 from sim.experiments.outdir import (
     OutputLock,
     clean_temp_files,
@@ -135,8 +136,8 @@ def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
             continue
         cfg = spec.config
         row = {"run_id": rid, "label": spec.label, "policy": cfg["policy"].get("name"),
-               **spec.swept, "model": cfg["model"], "hardware": cfg["hardware"],
-               "tp": cfg["parallelism"]["tp"]}
+               **{k: swept_value(v) for k, v in spec.swept.items()}, "model": cfg["model"],
+               "hardware": cfg["hardware"], "tp": cfg["parallelism"]["tp"]}
         row.update({k: v for k, v in s.items() if k not in VOLATILE and k not in row})
         rows.append(row)
     return pd.DataFrame(rows)

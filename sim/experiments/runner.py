@@ -233,8 +233,9 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
     meta = {"version": __version__, "config_hash": rid, "seed": config["seed"]}
     write_table(folder / "requests", res.requests, meta)
     write_table(folder / "steps", res.steps, meta)
-    for name, extra in (("replicas", res.replicas), ("groups", res.groups)):
-        if extra is not None:  # routed runs: one row per replica, and per group of a cluster
+    for name, extra in (("replicas", res.replicas), ("groups", res.groups),
+                        ("links", res.links)):
+        if extra is not None:  # routed runs: one row per replica, per group, per KV link
             write_table(folder / name, extra, meta)
     gaps, counts = res.irregular_itl_runs  # one row per run: (gap seconds, tokens)
     itl = np.column_stack([np.asarray(gaps, dtype=float), np.asarray(counts, dtype=float)])

@@ -181,6 +181,16 @@ def resolve_kv(kv: Mapping[str, Any] | KVConfig | str | None, cost: Any) -> KVCo
                     prefix_caching=block["prefix_caching"])
 
 
+def replica_kv_bytes_per_token(block: Mapping[str, Any], cost: Any) -> float | None:
+    """KV bytes per token of one replica, all its GPUs: ``kv.kv_bytes_per_token``, else the
+    cost model's per-GPU figure × TP (``None`` when neither knows: an analytic model)."""
+    nbytes = block.get("kv_bytes_per_token")
+    per_gpu = getattr(cost, "kv_bytes_per_token", None)
+    if nbytes is None and per_gpu is not None:
+        nbytes = float(per_gpu) * getattr(cost, "tp", 1)
+    return None if nbytes is None else float(nbytes)
+
+
 def swap_rate(block: Mapping[str, Any], cost: Any) -> tuple[float | None, float | None]:
     """Seconds per token and bytes per token of moving a sequence's KV to or from host memory.
 
@@ -189,11 +199,8 @@ def swap_rate(block: Mapping[str, Any], cost: Any) -> tuple[float | None, float 
     replica's total host bandwidth) and ``kv.kv_bytes_per_token`` override; analytic cost
     models know neither, so swapping with them needs both.
     """
-    per_gpu = getattr(cost, "kv_bytes_per_token", None)
+    nbytes = replica_kv_bytes_per_token(block, cost)
     tp = getattr(cost, "tp", 1)
-    nbytes = block.get("kv_bytes_per_token")
-    if nbytes is None and per_gpu is not None:
-        nbytes = float(per_gpu) * tp
     gbps = block.get("swap_gbps")
     gpu = getattr(cost, "gpu", None)
     if gbps is None and gpu is not None:

@@ -1,0 +1,310 @@
+"""Disaggregated serving on one clock: prefill replicas, KV transfers over links, decode replicas.
+
+A request is routed (the cluster's ``router``) to a prefill replica, which computes its prompt
+and samples the first token (its TTFT) as a request of one output token. The finished prefill
+keeps its KV there (``hold_kv``) and is routed, once, by the ``decode_router`` to a decode
+replica, where it joins that replica's reservation queue (first come, first served). When the
+decode replica has a batch slot and the blocks for the prompt's KV free, with headroom
+(``_reserve``), it reserves them (``reserve_kv``) and the transfer starts
+(``sim.cluster.network``, the paths of ``sim.cluster.kv_links``). When its last byte lands the
+KV is released on the prefill replica (``release_held``) and the request joins the decode
+replica's waiting queue with its prompt computed (``land_kv``): its next step is a decode step
+there. So no request decodes before its KV has landed, none is lost while it waits, and a full
+decode pool holds finished prefills on their prefill replicas, whose own admissions then see
+less free KV (back-pressure).
+
+A decode replica that preempts a request (recompute) recomputes its prompt and generated tokens
+itself, from its own queue; the KV is never sent twice. Swap preemption there swaps as usual.
+
+Exactness, as ``sim.cluster.routed``: replicas interact only through this driver, which wakes
+at every time something can cross between them — an arrival, a prefill replica's step end (a
+prefill may finish), a transfer landing, and, while a reservation waits, a decode replica's step
+end (blocks may free) — advances every replica to it, applies what happened, and lets the
+replicas plan at that instant after all of it (the engine's same-time rule). Decode replicas
+therefore keep exact event skipping whenever no reservation waits.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import simpy
+
+from routers import Router
+from sim.cluster.handoff import TransferLog, blocks_to_reserve, record, trigger
+from sim.cluster.kv_links import Topology
+from sim.cluster.loads import LoadBoard
+from sim.cluster.network import Network
+from sim.cluster.routed import PrefixChains, RoutingLog, arrival_of
+from sim.core.errors import InputError
+from sim.core.routing import ReplicaLoad
+from sim.core.types import Request
+from sim.engine.drive import ReplicaEvent, drop_landed_kv, land_kv, release_held, reserve_kv
+from sim.engine.replica import never_fits
+from sim.engine.validate import EngineError
+
+if TYPE_CHECKING:
+    from sim.engine.replica import Replica
+
+
+
+@dataclass
+class DisaggDriver:
+    """Runs requests through prefill replicas, links and decode replicas (module doc)."""
+
+    prefill: Sequence[Replica]
+    decode: Sequence[Replica]
+    router: Router
+    decode_router: Router
+    topology: Topology
+    bytes_per_token: Sequence[float]  # of each prefill replica's KV (its model, dtype, TP)
+    block_tokens: int
+    weights: tuple[Sequence[float], Sequence[float]] = ((), ())
+    log: RoutingLog = field(default_factory=RoutingLog)
+    decode_log: RoutingLog = field(default_factory=RoutingLog)
+
+    def run(self, reqs: Sequence[Request], rngs: tuple[np.random.Generator, np.random.Generator]
+            ) -> TransferLog:
+        """Serve ``reqs`` (in arrival order) to the end; return what their KV did."""
+        for r in (self.router, self.decode_router):
+            if r.latency_s > 0:
+                raise InputError("routing latency is not modelled with disaggregation yet",
+                                 field="router.latency_s")
+        n_p, n_d = len(self.prefill), len(self.decode)
+        self.router.start(n_p, rngs[0])
+        self.decode_router.start(n_d, rngs[1])
+        self.board = LoadBoard(self.prefill, self.router.refresh_s, self.weights[0] or None)
+        self.decode_board = LoadBoard(self.decode, self.decode_router.refresh_s,
+                                      self.weights[1] or None)
+        self.chains = PrefixChains(self.block_tokens)
+        self.reqs = reqs
+        self.pos = {r.id: k for k, r in enumerate(reqs)}
+        self.out = TransferLog.empty(len(reqs))
+        self.env = simpy.Environment()
+        self.net = Network(self.env, self.topology.links)
+        self.queues: list[deque[int]] = [deque() for _ in range(n_d)]  # positions
+        self.finished_prefills: list[tuple[float, int]] = []  # (time, position)
+        self.landed: list[int] = []
+        self.in_flight = 0
+        self.settled = 0  # requests whose prefill finished or was rejected
+        self.decode_events = 0
+        self._wake = self.env.event()
+        for rep in self.prefill:
+            rep.hold_kv = True
+            rep.listener = self._on_prefill
+        for rep in self.decode:
+            rep.listener = self._on_decode
+        self._loop()
+        return self.out
+
+    # -- listeners (called inside ``advance_until``) -----------------------------------------
+    def _on_prefill(self, ev: ReplicaEvent) -> None:
+        if ev.kind == "finish":
+            self.finished_prefills.append((ev.time_s, self.pos[ev.request_id]))
+        if ev.kind in ("finish", "rejected"):
+            self.settled += 1
+
+    def _on_decode(self, ev: ReplicaEvent) -> None:
+        if ev.kind in ("finish", "rejected"):
+            self.decode_events += 1
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        reqs, nxt, now = self.reqs, 0, 0.0
+        everyone = [*self.prefill, *self.decode]
+        while True:
+            for rep in everyone:
+                rep.advance_until(now)
+            self._land(now)
+            while nxt < len(reqs) and reqs[nxt].arrival_s <= now:
+                self._route_prefill(nxt, now)
+                nxt += 1
+            closed = nxt == len(reqs)
+            if closed:  # a prefill replica's policy sees no more arrivals once it is empty
+                for rep in self.prefill:
+                    if rep.accepting and not (rep.held or rep.waiting or rep.running
+                                              or rep.preempted or rep.pending):
+                        rep.close()
+            self._hand_over(now)
+            self._reserve(now)
+            if closed and self._drained():
+                break
+            ahead = math.nextafter(now, math.inf)
+            for rep in everyone:  # plan at ``now``, after everything that happened at ``now``
+                if rep.flight is None and not rep.idle and not rep.done:
+                    rep.advance_until(ahead)
+            later = self._next_time(now, reqs[nxt].arrival_s if nxt < len(reqs) else math.inf)
+            if later is None and self._break_stall(now):
+                now = math.nextafter(now, math.inf)  # where the replicas were planned to
+                continue  # a decode replica gave KV back: it plans again
+            if later is None and any(rep.done for rep in everyone):
+                break  # cut short (limits.horizon_s or wall_clock_s): the run is partial
+            if later is None:
+                raise EngineError(f"disaggregated cluster stalled at t={now:.6f}s: "
+                                  f"{len(reqs) - self.settled} prefills unfinished, "
+                                  f"{sum(map(len, self.queues))} waiting for decode blocks")
+            now = later
+        # nothing more reaches the decode side: run it out, still open, so that a replica stuck
+        # behind KV that landed idles (and gives it back) instead of ending
+        while True:
+            for rep in self.decode:
+                rep.advance_until(math.inf)
+            if not self._break_stall():
+                break
+        for rep in everyone:
+            rep.close()
+        for rep in everyone:
+            rep.advance_until(math.inf)
+
+    def _drained(self) -> bool:
+        """Every prefill has finished and been sent: the decode side can be closed."""
+        return (self.settled == len(self.reqs) and not self.in_flight
+                and not any(self.queues) and not self.finished_prefills)
+
+    def _next_time(self, now: float, arrival: float) -> float | None:
+        """The next instant something may cross between replicas; runs the links up to it."""
+        t = arrival
+        waiting = any(self.queues)
+        for rep in (*self.prefill, *self.decode) if waiting else self.prefill:
+            if rep.flight is not None:
+                t = min(t, rep.flight.end_s)
+            elif rep.idle and not rep.done:
+                t = min(t, rep.wake_s)
+        env = self.env
+        if not self.in_flight:
+            return None if t == math.inf else max(t, math.nextafter(now, math.inf))
+        wake = env.event()
+        self._wake = wake
+        if t < math.inf:
+            timer = env.timeout(max(0.0, t - env.now))
+            timer.callbacks.append(lambda _: trigger(wake))
+        env.run(until=wake)
+        while env.peek() <= env.now:  # every landing at this same instant
+            env.step()
+        # the links keep their own float clock: never before the instant after ``now`` (the
+        # replicas may have been advanced to it to plan at ``now``)
+        return max(env.now if self.landed else t, math.nextafter(now, math.inf))
+
+    def _on_landed(self, k: int) -> None:
+        self.landed.append(k)
+        self.in_flight -= 1
+        trigger(self._wake)
+
+    # -- what happens at one instant ----------------------------------------------------------
+    def _route_prefill(self, k: int, now: float) -> None:
+        req = self.reqs[k]
+        loads = self.board.read(now)
+        choice = self.router.route(arrival_of(req, self.chains), loads)
+        if not 0 <= choice < len(self.prefill):
+            raise RuntimeError(f"router {self.router.name!r} chose prefill replica {choice} "
+                               f"of {len(self.prefill)}")
+        record(self.log, now, req.id, choice, loads)
+        self.out.prefill_replica[k] = choice
+        self.prefill[choice].admit(replace(req, num_output_tokens=1))
+
+    def _hand_over(self, now: float) -> None:
+        """Route each prefill that finished by ``now`` to a decode replica's reservation
+        queue (requests of one output token are done: their KV is freed)."""
+        done, self.finished_prefills = sorted(self.finished_prefills), []
+        for t, k in done:
+            req = self.reqs[k]
+            self.out.prefill_done_s[k] = t
+            if req.num_output_tokens <= 1:
+                release_held(self.prefill[self.out.prefill_replica[k]], req.id)
+                continue
+            loads = self._decode_loads(now)
+            choice = self.decode_router.route(arrival_of(req, self.chains), loads)
+            if not 0 <= choice < len(self.decode):
+                raise RuntimeError(f"decode router {self.decode_router.name!r} chose decode "
+                                   f"replica {choice} of {len(self.decode)}")
+            record(self.decode_log, now, req.id, choice, loads)
+            self.out.decode_replica[k] = len(self.prefill) + choice  # replica numbers
+            rep = self.decode[choice]
+            cfg = rep.pool.config
+            why = never_fits(cfg, rep.max_model_len, req.num_prompt_tokens,
+                             req.num_output_tokens)
+            if not why and blocks_to_reserve(rep, req) > cfg.num_blocks:
+                why = (f"its prompt's {req.num_prompt_tokens} tokens of KV and the reservation "
+                       f"headroom exceed the {cfg.num_blocks} blocks of the cache")
+            if why:
+                self._unsendable(k, f"decode replica: {why}")
+            else:
+                self.queues[choice].append(k)
+
+    def _break_stall(self, now: float | None = None) -> bool:
+        """Nothing can happen any more: a decode replica that runs nothing while requests
+        that landed hold its blocks (its queue's head, a preempted request, needs more than is
+        free) preempts the newest of them (recompute), at ``now`` (default: where it stopped).
+        False when none can."""
+        moved = False
+        for rep in self.decode:
+            if rep.flight is None and not rep.running and (rep.preempted or rep.waiting):
+                landed = [sid for sid, s in rep.waiting.items() if s.num_blocks]
+                if landed:
+                    drop_landed_kv(rep, landed[-1], rep.clock if now is None else now)
+                    moved = True
+        return moved
+
+    def _decode_loads(self, now: float) -> list[ReplicaLoad]:
+        """Decode replicas' loads, counting requests queued for or in transfer as waiting."""
+        return [replace(load, num_waiting=load.num_waiting + len(q) + len(rep.incoming))
+                for load, q, rep in zip(self.decode_board.read(now), self.queues, self.decode,
+                                        strict=True)]
+
+    def _reserve(self, now: float) -> None:
+        """Start every transfer whose decode replica can reserve its blocks now (in order).
+
+        A reservation needs a batch slot for the request (the policy's ``max_num_seqs``, counting
+        every request on the replica and in transit to it) and leaves free one block per request
+        there (itself included) plus the policy's watermark: a request that landed is then
+        admitted at once rather than waiting, holding its prompt's blocks, behind a batch it
+        cannot join, and whatever runs there is preempted or finishes, the requests that landed
+        can always be admitted for their next token."""
+        for d, queue in enumerate(self.queues):
+            rep = self.decode[d]
+            seats = rep.policy.slot_capacity
+            while queue and not rep.preempted:  # an overloaded replica recomputes first
+                there = (len(rep.running) + len(rep.waiting) + len(rep.preempted)
+                         + len(rep.pending) + len(rep.incoming))
+                if seats is not None and there >= seats:
+                    break  # no batch slot: it would wait there holding blocks
+                if blocks_to_reserve(rep, self.reqs[queue[0]]) + there > rep.pool.view_free:
+                    break  # back-pressure: wait for blocks, holding the KV where it is
+                self._send(queue.popleft(), d, now)
+
+    def _send(self, k: int, d: int, now: float) -> None:
+        """Reserve ``k``'s blocks on decode replica ``d`` and start moving its KV."""
+        req = self.reqs[k]
+        p = int(self.out.prefill_replica[k])
+        reserve_kv(self.decode[d], req, req.num_prompt_tokens, float(self.out.prefill_done_s[k]))
+        nbytes = self.bytes_per_token[p] * req.num_prompt_tokens
+        self.out.kv_start_s[k] = now
+        self.out.kv_bytes[k] = nbytes
+        self.out.num_transfers[k] += 1
+        if self.env.now < now:  # the links' clock catches up with the cluster's
+            self.env.run(until=now)
+        src, dst = p, len(self.prefill) + d
+        events = [self.net.transfer(path, b) for path, b in
+                  self.topology.flows(src, dst, nbytes)]
+        self.in_flight += 1
+        done = self.env.all_of(events)
+        done.callbacks.append(lambda _: self._on_landed(k))
+
+    def _land(self, now: float) -> None:
+        """KV that landed by ``now``: freed on the prefill side, queued on the decode side."""
+        landed, self.landed = sorted(self.landed), []
+        for k in landed:
+            req = self.reqs[k]
+            self.out.kv_landed_s[k] = now
+            release_held(self.prefill[self.out.prefill_replica[k]], req.id)
+            land_kv(self.decode[self.out.decode_replica[k] - len(self.prefill)], req.id)
+
+    def _unsendable(self, k: int, why: str) -> None:
+        """A request its decode replica's cache can never hold: rejected, its KV freed."""
+        req = self.reqs[k]
+        release_held(self.prefill[self.out.prefill_replica[k]], req.id)
+        self.out.reject_reason[k] = why

@@ -1,0 +1,182 @@
+"""Running a disaggregated cluster: replicas by role, the driver, and the result's tables.
+
+The replicas of prefill groups come first, then those of decode groups, each in the order the
+groups are listed (``replica`` numbers them so; GPUs are placed in the same order:
+``sim.cluster.kv_links``). The requests table has one row per request, joined across its two
+replicas: ``first_token_s`` and TTFT from the prefill replica, ``finish_s`` from the decode
+replica, ``replica`` and ``group`` where it finished (the decode replica, or the prefill one
+for a request of one output token or one rejected), plus the disaggregation columns
+(``DISAGG_COLUMNS``). The first inter-token gap of a request spans its KV transfer and its
+wait for the decode replica, so TPOT and ITL include them, as a client sees them.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from policies import make_policy
+from routers import Router
+from sim.cluster.disagg import DisaggDriver
+from sim.cluster.groups import Group, capacity_weights
+from sim.cluster.handoff import TransferLog
+from sim.cluster.kv_links import build_topology
+from sim.core.errors import InputError
+from sim.core.state import Seq
+from sim.core.types import Request
+from sim.engine.replica import Replica
+from sim.kv.config import replica_kv_bytes_per_token, resolve_kv
+from sim.metrics.summary import StepLog, request_table
+
+#: Columns a disaggregated run adds to the requests table (seconds, bytes, replica numbers).
+DISAGG_COLUMNS = ("prefill_replica", "decode_replica", "kv_wait_s", "kv_transfer_s",
+                  "kv_transfer_bytes", "kv_landed_s", "decode_start_s")
+
+
+def build_replicas(groups: list[Group], log: StepLog, options: dict[str, Any]
+                   ) -> tuple[list[Replica], list[Group], dict[int, Seq], dict[int, Seq]]:
+    """Every replica (prefill groups' first), its group, and the two sides' request states."""
+    pre: dict[int, Seq] = {}
+    dec: dict[int, Seq] = {}
+    replicas: list[Replica] = []
+    owner: list[Group] = []
+    for role, seqs in (("prefill", pre), ("decode", dec)):
+        for g in (g for g in groups if g.role == role):
+            kv = resolve_kv(g.kv, g.cost)
+            limit = options["max_model_len"]
+            if limit == "model":
+                limit = getattr(getattr(g.cost, "model", None), "max_position_embeddings", None)
+            for _ in range(g.replicas):
+                replicas.append(Replica(len(replicas), (), make_policy(g.policy), g.cost, kv,
+                                        log, seqs, checks=options["checks"],
+                                        horizon_s=options["horizon_s"],
+                                        skip=options["event_skipping"],
+                                        deadline=options["deadline"], max_model_len=limit))
+                owner.append(g)
+    return replicas, owner, pre, dec
+
+
+def run_disagg(reqs: list[Request], groups: list[Group], router: Router, decode_router: Router,
+               network: Any, rngs: tuple[np.random.Generator, np.random.Generator],
+               log: StepLog, options: dict[str, Any]
+               ) -> tuple[pd.DataFrame, list[Replica], list[Group], DisaggDriver]:
+    """Serve ``reqs`` (arrival order) on the groups; return the joined requests table, the
+    replicas, their groups and the driver (routing logs, links)."""
+    replicas, owner, pre, dec = build_replicas(groups, log, options)
+    n_p = sum(g.replicas for g in groups if g.role == "prefill")
+    per_token = []
+    for g in owner[:n_p]:
+        nbytes = replica_kv_bytes_per_token(g.kv if isinstance(g.kv, Mapping) else {}, g.cost)
+        if nbytes is None:
+            raise InputError("a KV transfer needs the KV bytes per token: set "
+                             "kv.kv_bytes_per_token with an analytic cost model",
+                             field="cluster.groups[].kv.kv_bytes_per_token")
+        per_token.append(float(nbytes))
+    nvlink = [getattr(getattr(g.cost, "gpu", None), "interconnect", None) for g in owner]
+    bidir = [ic.nvlink_gbps for ic in nvlink if ic is not None and ic.nvlink_gbps > 0]
+    topology = build_topology(network, [g.tp for g in owner],
+                              min(bidir) / 2 if bidir else None)
+    measured = capacity_weights([g.cost for g in owner])
+    weights = [g.weight if g.weight is not None else w for g, w in zip(owner, measured,
+                                                                         strict=True)]
+    driver = DisaggDriver(replicas[:n_p], replicas[n_p:], router, decode_router, topology,
+                          per_token, min(r.pool.config.block_size for r in replicas),
+                          (weights[:n_p], weights[n_p:]))
+    moved = driver.run(reqs, rngs)
+    return joined_table(reqs, pre, dec, moved), replicas, owner, driver
+
+
+def joined_table(reqs: Sequence[Request], pre: dict[int, Seq], dec: dict[int, Seq],
+                 moved: TransferLog) -> pd.DataFrame:
+    """One row per request in id order, joined across its prefill and decode replicas."""
+    final: list[Seq] = []
+    decode_start = np.full(len(reqs), np.nan)
+    for k, req in enumerate(reqs):
+        first = pre[req.id]
+        second = dec.get(req.id)
+        if moved.reject_reason[k]:
+            first.reject(float(moved.prefill_done_s[k]), moved.reject_reason[k])
+        elif second is None and moved.decode_replica[k] >= 0:  # a run cut short: never sent
+            first.status, first.finish_s = "waiting", np.nan
+        if second is None:
+            final.append(first)
+            continue
+        decode_start[k] = second.first_scheduled_s
+        second.first_scheduled_s = first.first_scheduled_s
+        second.num_preemptions += first.num_preemptions
+        second.num_cached_tokens = first.num_cached_tokens
+        final.append(second)
+    order = sorted(range(len(reqs)), key=lambda k: reqs[k].id)
+    table = request_table([final[k] for k in order])
+    done = moved.prefill_done_s[order]
+    extra = {
+        "prefill_replica": moved.prefill_replica[order],
+        "decode_replica": moved.decode_replica[order],
+        "kv_wait_s": moved.kv_start_s[order] - done,
+        "kv_transfer_s": moved.kv_landed_s[order] - done,
+        "kv_transfer_bytes": moved.kv_bytes[order],
+        "kv_landed_s": moved.kv_landed_s[order],
+        "decode_start_s": decode_start[order],
+    }
+    # the prefill side ran every request as one of a single output token
+    table["num_output_tokens"] = np.array([reqs[k].num_output_tokens for k in order],
+                                          dtype=np.int64)
+    for name in DISAGG_COLUMNS:
+        table[name] = extra[name]
+    return table
+
+
+def per_gpu(summary: dict[str, Any], num_gpus: int) -> dict[str, Any]:
+    """A cluster's GPU count and its rates per GPU (goodput when SLOs are set): what
+    deployments of different sizes or splits are compared by."""
+    out: dict[str, Any] = {"num_gpus": num_gpus}
+    for key in ("request_goodput", "output_throughput", "request_throughput"):
+        if key in summary and summary[key] == summary[key]:
+            out[f"{key}_per_gpu"] = float(summary[key]) / num_gpus
+    return out
+
+
+def disagg_summary(table: pd.DataFrame, driver: DisaggDriver, duration_s: float
+                   ) -> dict[str, Any]:
+    """The disaggregation entries of the summary: transfers, back-pressure (``kv_wait``),
+    decode queueing, time to decode start, link utilization (docs/metrics.md)."""
+    moved = table[table["decode_replica"] >= 0]
+    sent = moved[np.isfinite(moved["kv_transfer_s"].to_numpy(float))]
+
+    def stat(values: pd.Series, how: str) -> float:
+        v = values.to_numpy(float)
+        v = v[np.isfinite(v)]
+        if not v.size:
+            return float("nan")
+        return float((v.mean() if how == "mean" else np.percentile(v, 99)) * 1e3)
+
+    out: dict[str, Any] = {
+        "num_kv_transfers": int(len(sent)),
+        "kv_transfer_bytes": float(sent["kv_transfer_bytes"].sum()),
+        "mean_kv_transfer_ms": stat(sent["kv_transfer_s"], "mean"),
+        "p99_kv_transfer_ms": stat(sent["kv_transfer_s"], "p99"),
+        "mean_kv_wait_ms": stat(sent["kv_wait_s"], "mean"),
+        "p99_kv_wait_ms": stat(sent["kv_wait_s"], "p99"),
+        "mean_prefill_queue_ms": stat(table["first_scheduled_s"] - table["arrival_s"], "mean"),
+        "mean_decode_queue_ms": stat(moved["decode_start_s"] - moved["kv_landed_s"], "mean"),
+        "mean_time_to_decode_start_ms": stat(moved["decode_start_s"] - moved["arrival_s"],
+                                             "mean"),
+        "p99_time_to_decode_start_ms": stat(moved["decode_start_s"] - moved["arrival_s"],
+                                            "p99"),
+    }
+    usage = driver.net.usage
+    busy = [u.busy_s for u in usage.values() if u.bytes > 0]
+    out["max_link_utilization"] = (max(busy) / duration_s if busy and duration_s > 0 else 0.0)
+    out["mean_link_utilization"] = (float(np.mean(busy)) / duration_s
+                                    if busy and duration_s > 0 else 0.0)
+    return out
+
+
+def link_table(driver: DisaggDriver, duration_s: float) -> pd.DataFrame:
+    """One row per link that carried bytes: bytes, busy seconds and utilization."""
+    rows = [{"link": name, "bytes": u.bytes, "busy_s": u.busy_s,
+             "utilization": u.busy_s / duration_s if duration_s > 0 else 0.0}
+            for name, u in driver.net.usage.items() if u.bytes > 0]
+    return pd.DataFrame(rows, columns=["link", "bytes", "busy_s", "utilization"])
