@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import sim
+import sim.engine.simulate as engine_simulate
 import sim.experiments.run_progress as run_progress
 from sim.experiments.run_progress import RunProgress, done_before, requests_done
 from tests.helpers import poisson_arrivals, requests
@@ -134,6 +135,9 @@ def long_exp(tmp_path):
 def test_a_long_run_draws_progress_on_a_terminal_unless_quiet(long_exp, tmp_path, monkeypatch,
                                                               quiet):
     monkeypatch.setattr(run_progress, "INTERVAL_S", 0.02)
+    # on the general engine: the compiled interpreter fills its log only when a replica ends,
+    # and with numba already loaded this run can end within one interval and draw nothing
+    monkeypatch.setattr(engine_simulate, "COMPILED_MIN_REQUESTS", 10**9)
     err = Tty()
     monkeypatch.setattr(sys, "stderr", err)
     sim.run_experiment(long_exp, out=tmp_path / "out", quiet=quiet)
