@@ -314,7 +314,7 @@ def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
     pos = np.searchsorted(av, bv)
     hit = (pos < len(av)) & (av[np.minimum(pos, len(av) - 1)] == bv)
     aw = aw.copy()
-    np.add.at(aw, pos[hit], bw[hit])
+    aw[pos[hit]] += bw[hit]  # b's values are distinct: each hit lands on its own slot
     new = ~hit
     return np.insert(av, pos[new], bv[new]), np.insert(aw, pos[new], bw[new])
 
