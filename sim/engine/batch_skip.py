@@ -108,16 +108,17 @@ def commit_batch_run(rep: Replica, plan: Plan, series: StepSeries, ends: np.ndar
     batch = [running[sid] for sid in plan.run]
     slab = pool.config.allocator == "slab"
     settle = rep.settle
+    last_j, end_s, worst_s = last.tolist(), ends.tolist(), worst.tolist()
     for i in np.argsort(last, kind="stable").tolist():  # finishes in time order
-        seq, j = batch[i], int(last[i])
-        seq.skip(j, float(ends[j - 1]), float(worst[j - 1]))
+        seq, j = batch[i], last_j[i]
+        seq.skip(j, end_s[j - 1], worst_s[j - 1])
         if slab:
             pool.grow(seq, seq.num_computed)
         else:
             need = blocks_needed(seq.num_computed, 0, seq.num_blocks, bs)
             if need:
                 pool.take_for(seq, need)
-        settle(seq, float(ends[j - 1]))
+        settle(seq, end_s[j - 1])
     pool.peak_used = peak  # growth was taken row by row: the peak is the steps' own
     pad = len(plan.padding) + n - alive
     rep.log.extend(rep.index, starts, seconds, alive, alive, pad, pad, take_arrivals(rep, starts),

@@ -267,8 +267,12 @@ class Replica(ReplicaSteps):
     def _never_fits(self, seq: Seq) -> str:
         """Why a request can never be served by this replica's KV cache ('' if it can)."""
         r = seq.req
-        return never_fits(self.pool.config, self.max_model_len, r.num_prompt_tokens,
-                          r.num_output_tokens)
+        key = (r.num_prompt_tokens, r.num_output_tokens)
+        reason = self._never_fits_memo.get(key)
+        if reason is None:
+            reason = self._never_fits_memo[key] = never_fits(
+                self.pool.config, self.max_model_len, *key)
+        return reason
 
     def _view(self, now: float) -> View:
         pool = self.pool

@@ -174,18 +174,20 @@ def take_arrivals(rep: Replica, starts: np.ndarray) -> int | np.ndarray:
     reqs, i, last = rep.requests, rep.next_index, float(starts[-1])
     if i >= len(reqs) or reqs[i].arrival_s > last:
         return waiting
-    j = i
-    while j < len(reqs) and reqs[j].arrival_s <= last:
-        j += 1
-    arrivals = np.fromiter((r.arrival_s for r in reqs[i:j]), np.float64, j - i)
+    seqs, arrivals, batch = rep.seqs, [], []
+    for j in range(i, len(reqs)):  # one pass: the arrivals by ``last``
+        r = reqs[j]
+        if r.arrival_s > last:
+            break
+        arrivals.append(r.arrival_s)
+        batch.append(seqs[r.id])
     at = np.searchsorted(starts, arrivals, side="left")  # first start >= arrival
-    seqs, enter, joined = rep.seqs, rep._enter, []
-    for r, step, t in zip(reqs[i:j], at.tolist(), starts[at].tolist(), strict=True):
-        seq = seqs[r.id]
+    enter, joined = rep._enter, []
+    for seq, step, t in zip(batch, at.tolist(), starts[at].tolist(), strict=True):
         enter(seq, t)  # rejected there if it never fits
         if seq.status == "waiting":
             joined.append(step)
-    rep.next_index = j
+    rep.next_index = i + len(batch)
     return waiting + np.cumsum(np.bincount(np.array(joined, dtype=np.int64),
                                            minlength=len(starts)))
 

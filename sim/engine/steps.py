@@ -81,6 +81,8 @@ class ReplicaSteps:
         self.accepting = not requests
         self.advanced_s = 0.0  # the time the replica was advanced to (driven form)
         self._queue_views: tuple[SeqView, ...] | None = None  # ``View.waiting``, kept
+        #: ``never_fits`` by (prompt, output) tokens: the cache and max_model_len never change.
+        self._never_fits_memo: dict[tuple[int, int], str] = {}
         #: Receives a ``ReplicaEvent`` at each first token, prefill end, finish and rejection.
         self.listener: Callable[[Any], None] | None = None
         # Disaggregated serving (``sim.engine.drive``: ``reserve_kv``, ``land_kv``,

@@ -119,7 +119,7 @@ class StepStream:
         self._itl: list[tuple[np.ndarray, np.ndarray]] = []  # (duration, count), compacted
         self._itl_rows = 0
         self._held: list[dict[str, np.ndarray]] = []  # window steps after ``bound_s``
-        self._buckets: list[pd.DataFrame] = []
+        self._buckets: list[dict[str, np.ndarray]] = []  # per chunk: ``_fold_groups``
         #: Counts every folded chunk of rows into ``counts`` (the run's validity flags: a
         #: bucketed table keeps no step shapes to count them from afterwards).
         self.count_rows: Callable[[Mapping[str, np.ndarray]], dict[str, int]] | None = None
@@ -200,29 +200,70 @@ class StepStream:
 
     def _bucket(self, c: Mapping[str, np.ndarray]) -> None:
         index = np.floor(c["start_s"] / self.bucket_s).astype(np.int64)
-        frame = pd.DataFrame({"replica": c["replica"], "bucket": index,
-                              **{k: c[k] for k in SUM_COLUMNS}})
-        groups = frame.groupby(["replica", "bucket"], sort=True)
-        agg = groups[list(SUM_COLUMNS)].sum().add_suffix("_sum")
-        agg = agg.join(groups[list(MAX_COLUMNS)].max().add_suffix("_max"))
-        agg["num_steps"] = groups.size()
-        self._buckets.append(agg)
+        self._buckets.append(_fold_groups(c["replica"].astype(np.int64, copy=False), index,
+                                          {f"{k}_sum": c[k] for k in SUM_COLUMNS},
+                                          {f"{k}_max": c[k] for k in MAX_COLUMNS},
+                                          np.ones(len(index), dtype=np.int64)))
 
     def table(self) -> pd.DataFrame:
         """One row per replica and bucket that saw a step (``BUCKET_COLUMNS``)."""
         if not self._buckets:
             return pd.DataFrame({k: [] for k in BUCKET_COLUMNS}, columns=list(BUCKET_COLUMNS))
-        allb = pd.concat(self._buckets)
-        groups = allb.groupby(level=["replica", "bucket"], sort=True)
-        sums = [f"{k}_sum" for k in SUM_COLUMNS] + ["num_steps"]
-        out = groups[sums].sum().join(groups[[f"{k}_max" for k in MAX_COLUMNS]].max())
-        self._buckets = [out]  # merged: a second call costs nothing more
-        out = out.reset_index()
+        parts = self._buckets
+        if len(parts) > 1:  # chunk by chunk, in the order they came, as their rows' sums
+            cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            sums = {f"{k}_sum": cols[f"{k}_sum"] for k in SUM_COLUMNS}
+            maxes = {f"{k}_max": cols[f"{k}_max"] for k in MAX_COLUMNS}
+            self._buckets = [_fold_groups(cols["replica"], cols["bucket"], sums, maxes,
+                                          cols["num_steps"])]  # merged: a second call is free
+        out = dict(self._buckets[0])
         out["start_s"] = out["bucket"] * self.bucket_s
-        out["bucket_s"] = self.bucket_s
-        table = out[list(BUCKET_COLUMNS)].reset_index(drop=True)
+        out["bucket_s"] = np.full(len(out["bucket"]), self.bucket_s)
+        table = pd.DataFrame({k: out[k] for k in BUCKET_COLUMNS})
         table.attrs["step_table"] = "buckets"
         return table
+
+
+def _fold_groups(replica: np.ndarray, bucket: np.ndarray, sums: Mapping[str, np.ndarray],
+                 maxes: Mapping[str, np.ndarray], num_steps: np.ndarray
+                 ) -> dict[str, np.ndarray]:
+    """Rows grouped by ``(replica, bucket)``, groups in that order: ``sums`` and ``num_steps``
+    summed, ``maxes`` maximized: what a pandas group-by gives, bit for bit.
+
+    The rows come in key order (one replica's steps in time order, or its chunks' buckets in
+    turn): each group is then a contiguous segment, and ``np.add.reduceat`` sums it as pandas
+    sums a sorted group (checked against pandas by ``tests/test_stream_fold.py``). Rows out of
+    key order (no engine folds them so) go through pandas itself, which sums those groups
+    otherwise (compensated, row by row)."""
+    step_r, step_b = np.diff(replica), np.diff(bucket)
+    if not ((step_r > 0) | ((step_r == 0) & (step_b >= 0))).all():
+        return _fold_groups_pandas(replica, bucket, sums, maxes, num_steps)
+    new = np.ones(len(bucket), dtype=bool)
+    new[1:] = (step_r != 0) | (step_b != 0)
+    first = np.flatnonzero(new)
+    out: dict[str, np.ndarray] = {"replica": replica[first], "bucket": bucket[first]}
+    for k, v in sums.items():
+        out[k] = np.add.reduceat(np.ascontiguousarray(v, dtype=_SUM_TYPE[v.dtype.kind]), first)
+    for k, v in maxes.items():
+        out[k] = np.maximum.reduceat(v, first)
+    out["num_steps"] = np.add.reduceat(num_steps.astype(np.int64, copy=False), first)
+    return out
+
+
+def _fold_groups_pandas(replica: np.ndarray, bucket: np.ndarray,
+                        sums: Mapping[str, np.ndarray], maxes: Mapping[str, np.ndarray],
+                        num_steps: np.ndarray) -> dict[str, np.ndarray]:
+    """``_fold_groups`` of rows in any order, by a pandas group-by."""
+    frame = pd.DataFrame({"replica": replica, "bucket": bucket, **sums,
+                          **maxes, "num_steps": num_steps})
+    groups = frame.groupby(["replica", "bucket"], sort=True)
+    agg = groups[[*sums, "num_steps"]].sum().join(
+        groups[list(maxes)].max()).reset_index()
+    return {k: agg[k].to_numpy() for k in agg.columns}
+
+
+#: What a pandas group-by sum gives each kind of column: floats as float64, integers int64.
+_SUM_TYPE = {"f": np.float64, "i": np.int64, "u": np.int64, "b": np.int64}
 
 
 def merge_streams(streams: list[StepStream]) -> StepStream:
@@ -273,7 +314,7 @@ def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
     pos = np.searchsorted(av, bv)
     hit = (pos < len(av)) & (av[np.minimum(pos, len(av) - 1)] == bv)
     aw = aw.copy()
-    np.add.at(aw, pos[hit], bw[hit])
+    aw[pos[hit]] += bw[hit]  # b's values are distinct: each hit lands on its own slot
     new = ~hit
     return np.insert(av, pos[new], bv[new]), np.insert(aw, pos[new], bw[new])
 
