@@ -27,11 +27,15 @@ REPO = Path(__file__).resolve().parent.parent
 #: Default request rate per policy, about 80 % of what it sustains on this traffic (12 req/s
 #: for the iteration-level policies; static and dynamic batching with batch 32 sustain about
 #: 3.3 req/s, so 12 req/s would measure an ever-growing queue, not the simulator).
-RATES = {"continuous": 12.0, "chunked_prefill": 12.0, "chunked_prefill_512": 12.0,
+RATES = {"continuous": 12.0, "continuous_orca": 12.0, "chunked_prefill": 12.0,
+         "chunked_prefill_512": 12.0,
          "scheduler_priority": 12.0, "scheduler_edf": 12.0, "static": 2.6, "dynamic": 2.6}
 
 POLICIES = {
     "continuous": {"name": "continuous", "max_num_seqs": 256, "max_num_batched_tokens": 16384},
+    # Orca's iteration-level scheduling: whole prompts prefill in the decodes' step
+    "continuous_orca": {"name": "continuous", "mode": "orca", "max_num_seqs": 256,
+                        "max_num_batched_tokens": 16384},
     "chunked_prefill": {"name": "chunked_prefill", "token_budget": 2048, "max_num_seqs": 256},
     "chunked_prefill_512": {"name": "chunked_prefill", "token_budget": 512,
                             "max_num_seqs": 256},
