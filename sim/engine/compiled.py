@@ -154,8 +154,7 @@ class CompiledReplica:
         if spec.order == "edf" or spec.victim == "deadline":
             rf[k:, cp.RF_DEADLINE] = [a + spec.target_s(int(q)) for a, q in
                                       zip(arrival.tolist(), pri.tolist(), strict=True)]
-        for name in ("RF_FIRST_SCHED", "RF_FIRST_TOKEN", "RF_LAST_TOKEN", "RF_FINISH"):
-            rf[k:, getattr(cp, name)] = math.nan
+        rf[k:, cp.RF_FIRST_SCHED:cp.RF_FINISH + 1] = math.nan  # first scheduled .. finish
         for j, why in entry_rejections(prompt, out, self.kv, self.budget,
                                        self.max_model_len).items():
             ri[k + j, cp.RI_ENTRY] = self.loop.ON_ARRIVAL
@@ -286,13 +285,18 @@ def entry_rejections(prompt: np.ndarray, out: np.ndarray, kv: KVConfig, budget: 
                      max_model_len: int | None) -> dict[int, str]:
     """Why each request that can never run is rejected when it arrives (``never_fits``, or a
     prompt over a whole-prompt budget), by index: a vectorized pass finds the few suspects."""
-    risky = blocks_for(prompt + 1, kv.block_size) > kv.num_blocks
-    if budget is not None:
-        risky |= prompt > budget
-    if max_model_len is not None:
-        risky |= prompt + out > max_model_len
+    suspects: Any
+    if len(prompt) <= 4:  # a router's appends, one request or a few: no vectorized pass
+        suspects = range(len(prompt))
+    else:
+        risky = blocks_for(prompt + 1, kv.block_size) > kv.num_blocks
+        if budget is not None:
+            risky |= prompt > budget
+        if max_model_len is not None:
+            risky |= prompt + out > max_model_len
+        suspects = np.flatnonzero(risky).tolist()
     reasons = {}
-    for i in np.flatnonzero(risky).tolist():
+    for i in suspects:
         p = int(prompt[i])
         why = never_fits(kv, max_model_len, p, int(out[i]))
         if not why and budget is not None and p > budget:

@@ -38,6 +38,7 @@ from sim.engine.validate import EngineError
 from sim.kv.config import KVConfig
 from sim.metrics.steplog import StepLog
 
+_BIG = 1 << 62  # no step allowance
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 
@@ -95,6 +96,22 @@ def load_now(req_i, req_f, running, hitems, pending, plan_idx, plan_n, log_i, st
             _add(req_i, i, c - n, gen - sampled, True, out, 1)
 
 
+@njit(**KERNEL)
+def advance_and_count(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,  # noqa: ANN001, ANN201
+                      pre_idx, params_i, params_f, analytic, terms, dense, log_i, log_f, log_b,
+                      irr, irr_count, st_i, st_f, until_s, max_steps, residues, t, out):
+    """``compiled_loop.run`` to ``until_s``, then ``load_now`` at ``t`` when the run paused
+    or went idle (one call from Python per routing instant a replica has work at); returns
+    the loop's code (any other code: the caller grows a buffer or reports, and counts)."""
+    code = loop.run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
+                    pre_idx, params_i, params_f, analytic, terms, dense, log_i, log_f, log_b,
+                    irr, irr_count, st_i, st_f, until_s, max_steps, residues)
+    if code == loop.PAUSED or code == loop.IDLE:
+        load_now(req_i, req_f, running, hitems, pending, plan_idx, plan_n, log_i, st_i, st_f,
+                 t, out)
+    return code
+
+
 class DrivenCompiled:
     """One replica on the compiled interpreter behind the drive API (module docstring)."""
 
@@ -113,6 +130,7 @@ class DrivenCompiled:
         self._now = 0.0
         self._straddle = False
         self._closed = False
+        self._args: tuple[np.ndarray, ...] | None = None
         self._load = np.zeros(5, dtype=np.int64)
         self._cached: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
 
@@ -133,15 +151,28 @@ class DrivenCompiled:
 
     def _run(self, t: float) -> None:
         """Hand the buffered requests over, run to just before ``t``, read the load."""
-        self._flush()
+        if self._buf or self._args is None:
+            self._flush()
+            self._args = self._arrays()
         rep = self.rep
-        code = rep.advance_until(math.nextafter(t, -math.inf) if t < math.inf else t)
+        until = math.nextafter(t, -math.inf) if t < math.inf else t
+        code = advance_and_count(*self._args, until, _BIG, rep.residues, t, self._load)
+        if code != loop.PAUSED and code != loop.IDLE:  # a full buffer, the end, a stall
+            code = rep.advance_until(until)
+            self._args = self._arrays()  # buffers may have grown
+            load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
+                     rep.plan_n, rep.log_i, rep.st_i, rep.st_f, t, self._load)
         self._idle = code == loop.IDLE
-        self._now = rep.now
+        self._now = float(rep.st_f[0])
         self._straddle = self._now > t
-        load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
-                 rep.plan_n, rep.log_i, rep.st_i, rep.st_f, t, self._load)
         self._cached = tuple(self._load.tolist())
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        """The interpreter's arrays, in ``compiled_loop.run``'s order (up to ``until_s``)."""
+        r = self.rep
+        return (r.req_i, r.req_f, r.running, r.hkeys, r.hranks, r.hitems, r.pending,
+                r.plan_idx, r.plan_n, r.pre_idx, r.params_i, r.params_f, r.analytic, r.terms,
+                r.dense, r.log_i, r.log_f, r.log_b, r.irr, r.irr_count, r.st_i, r.st_f)
 
     def _flush(self) -> None:
         """Append the buffered requests to the interpreter's arrays."""
