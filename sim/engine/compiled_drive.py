@@ -21,6 +21,7 @@ A run with routing latency, a horizon or a wall-clock budget stays on the genera
 """
 from __future__ import annotations
 
+import gc
 import math
 from typing import Any
 
@@ -225,7 +226,16 @@ def run_driven(reqs: list[Request], ids: np.ndarray, driver: Any, policies: list
         assert spec is not None  # the allow-list admitted only presets of the specification
         reps.append(DrivenCompiled(k, spec, cost, kv, max_model_len=max_model_len,
                                    name=policy.name, order=order))
-    driver(reqs, reps)
+    # The routing loop allocates a few small objects per arrival (loads, log rows) that are
+    # never cyclic garbage; the collector's passes over a million live requests would make
+    # it superlinear (measured: 100k requests 5.8 s, 1M 83 s with it on).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        driver(reqs, reps)
+    finally:
+        if collecting:
+            gc.enable()
     assign = np.array(order, dtype=np.int64)
     if len(assign) != len(reqs):
         raise EngineError(f"the replica driver admitted {len(assign)} of {len(reqs)} requests")
