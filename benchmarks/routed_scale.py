@@ -41,7 +41,8 @@ def one(size: int, router: str, replicas: int, engine: str, seed: int) -> dict:
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0  # less sensitive than wall time to a shared machine
     return {"size": size, "router": router, "replicas": replicas, "engine": res.engine,
-            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "requests_per_s": round(size / wall, 1),
+            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "requests_per_s": round(size / wall, 1),
             "completed": int(res.summary["completed"]),
             "p99_ttft_ms": round(res.summary["p99_ttft_ms"], 1)}
 
