@@ -100,13 +100,13 @@ def load_now(req_i, req_f, running, hitems, pending, plan_idx, plan_n, log_i, st
 @njit(**KERNEL)
 def advance_and_count(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,  # noqa: ANN001, ANN201
                       pre_idx, params_i, params_f, analytic, terms, dense, log_i, log_f, log_b,
-                      irr, irr_count, st_i, st_f, until_s, max_steps, residues, t, out):
+                      irr, irr_count, st_i, st_f, residues, out, until_s, t):
     """``compiled_loop.run`` to ``until_s``, then ``load_now`` at ``t`` when the run paused
     or went idle (one call from Python per routing instant a replica has work at); returns
     the loop's code (any other code: the caller grows a buffer or reports, and counts)."""
     code = loop.run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
                     pre_idx, params_i, params_f, analytic, terms, dense, log_i, log_f, log_b,
-                    irr, irr_count, st_i, st_f, until_s, max_steps, residues)
+                    irr, irr_count, st_i, st_f, until_s, _BIG, residues)
     if code == loop.PAUSED or code == loop.IDLE:
         load_now(req_i, req_f, running, hitems, pending, plan_idx, plan_n, log_i, st_i, st_f,
                  t, out)
@@ -133,7 +133,7 @@ class DrivenCompiled:
         self._closed = False
         self._args: tuple[np.ndarray, ...] | None = None
         self._load = np.zeros(5, dtype=np.int64)
-        self._cached: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+        self._cached: list[int] = [0] * 5
 
     def advance_until(self, t: float) -> None:
         """``sim.engine.drive.advance_until`` (run the interpreter only when it has work)."""
@@ -157,23 +157,24 @@ class DrivenCompiled:
             self._args = self._arrays()
         rep = self.rep
         until = math.nextafter(t, -math.inf) if t < math.inf else t
-        code = advance_and_count(*self._args, until, _BIG, rep.residues, t, self._load)
+        code = advance_and_count(*self._args, until, t)
         if code != loop.PAUSED and code != loop.IDLE:  # a full buffer, the end, a stall
             code = rep.advance_until(until)
             self._args = self._arrays()  # buffers may have grown
             load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
                      rep.plan_n, rep.log_i, rep.st_i, rep.st_f, t, self._load)
         self._idle = code == loop.IDLE
-        self._now = float(rep.st_f[0])
+        self._now = rep.st_f.item(0)
         self._straddle = self._now > t
-        self._cached = tuple(self._load.tolist())
+        self._cached = self._load.tolist()
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
-        """The interpreter's arrays, in ``compiled_loop.run``'s order (up to ``until_s``)."""
+        """The arguments of ``advance_and_count`` up to ``until_s``."""
         r = self.rep
         return (r.req_i, r.req_f, r.running, r.hkeys, r.hranks, r.hitems, r.pending,
                 r.plan_idx, r.plan_n, r.pre_idx, r.params_i, r.params_f, r.analytic, r.terms,
-                r.dense, r.log_i, r.log_f, r.log_b, r.irr, r.irr_count, r.st_i, r.st_f)
+                r.dense, r.log_i, r.log_f, r.log_b, r.irr, r.irr_count, r.st_i, r.st_f,
+                r.residues, self._load)
 
     def _flush(self) -> None:
         """Append the buffered requests to the interpreter's arrays."""
