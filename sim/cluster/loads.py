@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sim.core.routing import ReplicaLoad
-from sim.engine.drive import outstanding
+from sim.engine.drive import kv_used_blocks, outstanding
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
@@ -22,13 +22,18 @@ if TYPE_CHECKING:
 def replica_load(rep: Replica, now_s: float, weight: float = 1.0, group: str = ""
                  ) -> ReplicaLoad:
     """``rep``'s load signals now (``sim.engine.drive.outstanding``, less the true output
-    lengths a router cannot know)."""
+    lengths a router cannot know); a compiled replica counts its own
+    (``sim.engine.compiled_drive``)."""
+    counted = getattr(rep, "router_load", None)
+    if counted is not None:
+        return counted(now_s, weight, group)
     work = outstanding(rep)
     cfg = rep.pool.config
     return ReplicaLoad(index=rep.index, num_waiting=work.num_queued,
                        num_running=len(rep.running),
                        outstanding_prefill_tokens=work.prefill_tokens,
-                       num_decoding=work.num_decoding, kv_used_blocks=rep.pool.used,
+                       num_decoding=work.num_decoding,
+                       kv_used_blocks=kv_used_blocks(rep, now_s),
                        kv_total_blocks=0 if cfg.unlimited else cfg.num_blocks,
                        weight=weight, group=group, measured_s=now_s)
 

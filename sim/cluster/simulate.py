@@ -41,10 +41,17 @@ class RoutedDriver:
         self.seed = seed
         self.log = RoutingLog()
 
+    @property
+    def compiled_blocker(self) -> str:
+        """Why the replicas cannot be compiled ones ('' when they can: the engine then takes
+        ``sim.engine.compiled_drive`` where its allow-list covers the run)."""
+        return "a routing latency (requests in transit)" if self.router.latency_s > 0 else ""
+
     def __call__(self, reqs: list[Request], replicas: list[Replica]) -> None:
         """Route every request and run the replicas to the end."""
         rng = router_rng(self.seed)
-        block = replicas[0].pool.config.block_size if replicas else 16
+        block = (getattr(replicas[0], "block_size", None) or replicas[0].pool.config.block_size
+                 if replicas else 16)
         self.log = run_routed(reqs, replicas, self.router, rng, hash_block_tokens=block)
 
 

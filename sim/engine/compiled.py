@@ -133,12 +133,16 @@ class CompiledReplica:
         if m == 0:
             return
         n = k + m
+        # capacity doubles (rows past ``S_KNOWN`` are never read): appending one request at
+        # a time, as a router does, costs amortized O(1), not a copy of every row
         self.req_i = _grow(self.req_i, n)
         self.req_f = _grow(self.req_f, n)
         for name in ("hkeys", "hranks", "hitems", "pending"):
             arr = getattr(self, name)
-            setattr(self, name, np.resize(arr, n) if len(arr) else np.empty(n, arr.dtype))
-        ri, rf = self.req_i, self.req_f
+            if len(arr) < n:
+                setattr(self, name, np.resize(arr, _room(len(arr), n)) if len(arr)
+                        else np.empty(n, arr.dtype))
+        ri, rf = self.req_i[:n], self.req_f[:n]
         prompt = np.asarray(prompt, dtype=np.int64)
         out = np.asarray(out, dtype=np.int64)
         pri = np.zeros(m, dtype=np.int64) if priority is None else np.asarray(priority,
@@ -151,19 +155,19 @@ class CompiledReplica:
         if spec.order == "edf" or spec.victim == "deadline":
             rf[k:, cp.RF_DEADLINE] = [a + spec.target_s(int(q)) for a, q in
                                       zip(arrival.tolist(), pri.tolist(), strict=True)]
-        for name in ("RF_FIRST_SCHED", "RF_FIRST_TOKEN", "RF_LAST_TOKEN", "RF_FINISH"):
-            rf[k:, getattr(cp, name)] = math.nan
+        rf[k:, cp.RF_FIRST_SCHED:cp.RF_FINISH + 1] = math.nan  # first scheduled .. finish
         for j, why in entry_rejections(prompt, out, self.kv, self.budget,
                                        self.max_model_len).items():
             ri[k + j, cp.RI_ENTRY] = slots.ON_ARRIVAL
             self.entry_reason[k + j] = why
         rows = min(spec.max_num_seqs, n) + 2
         if len(self.running) < rows:
-            self.running = np.resize(self.running, rows) if len(self.running) else np.empty(
-                rows, dtype=np.int64)
-            self.plan_idx = np.empty(rows, dtype=np.int64)
-            self.plan_n = np.empty(rows, dtype=np.int64)
-            self.pre_idx = np.empty(rows, dtype=np.int64)
+            # kept, not cleared: the last step's plan is read by a driver (compiled_drive)
+            rows = min(spec.max_num_seqs + 2, _room(len(self.running), rows))
+            for name in ("running", "plan_idx", "plan_n", "pre_idx"):
+                arr = getattr(self, name)
+                setattr(self, name, np.resize(arr, rows) if len(arr) else np.empty(
+                    rows, dtype=np.int64))
         self.st_i[slots.S_KNOWN] = n
 
     def close(self) -> None:
@@ -263,23 +267,37 @@ def loop_rows(loop: Any) -> tuple[int, int]:
 
 
 def _grow(arr: np.ndarray, n: int) -> np.ndarray:
-    """``arr`` with room for ``n`` requests (rows), the existing ones kept."""
-    out = np.zeros((n, arr.shape[1]), dtype=arr.dtype)
+    """``arr`` with room for ``n`` requests (rows), the existing ones kept (itself when it has
+    room; otherwise a copy with room for at least twice its rows)."""
+    if len(arr) >= n:
+        return arr
+    out = np.zeros((_room(len(arr), n), arr.shape[1]), dtype=arr.dtype)
     out[:len(arr)] = arr
     return out
+
+
+def _room(have: int, n: int) -> int:
+    """Rows to allocate for ``n`` when ``have`` are there: ``n`` the first time (a whole run
+    handed over at once), then at least double."""
+    return n if have == 0 else max(n, 2 * have)
 
 
 def entry_rejections(prompt: np.ndarray, out: np.ndarray, kv: KVConfig, budget: int | None,
                      max_model_len: int | None) -> dict[int, str]:
     """Why each request that can never run is rejected when it arrives (``never_fits``, or a
     prompt over a whole-prompt budget), by index: a vectorized pass finds the few suspects."""
-    risky = blocks_for(prompt + 1, kv.block_size) > kv.num_blocks
-    if budget is not None:
-        risky |= prompt > budget
-    if max_model_len is not None:
-        risky |= prompt + out > max_model_len
+    suspects: Any
+    if len(prompt) <= 4:  # a router's appends, one request or a few: no vectorized pass
+        suspects = range(len(prompt))
+    else:
+        risky = blocks_for(prompt + 1, kv.block_size) > kv.num_blocks
+        if budget is not None:
+            risky |= prompt > budget
+        if max_model_len is not None:
+            risky |= prompt + out > max_model_len
+        suspects = np.flatnonzero(risky).tolist()
     reasons = {}
-    for i in np.flatnonzero(risky).tolist():
+    for i in suspects:
         p = int(prompt[i])
         why = never_fits(kv, max_model_len, p, int(out[i]))
         if not why and budget is not None and p > budget:

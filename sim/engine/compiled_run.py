@@ -48,6 +48,11 @@ def run_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.ndarray,
 
     rep.on_log_full = fold_when_full
     rep.advance_until(math.inf, deadline)
+    return hand_over(rep, log, replica)
+
+
+def hand_over(rep: CompiledReplica, log: StepLog, replica: int) -> Outcomes:
+    """Fill ``log`` with the steps of ``rep`` (run to its end) and return its outcomes."""
     steps = rep.num_steps
     irregular = int(rep.st_i[slots.S_N_IRR])
     if log.bucketed:

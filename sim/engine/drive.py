@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from sim.core.state import Seq
 from sim.core.types import Request
 
@@ -195,6 +197,24 @@ def outstanding(rep: Replica) -> Outstanding:
     return Outstanding(len(queued), prefill, decoding, decode)
 
 
+def kv_used_blocks(rep: Replica, now_s: float) -> int:
+    """KV blocks ``rep`` holds at ``now_s``: its pool's, plus, while a skipped stretch of
+    decode steps is in flight (``sim.engine.skipping``), what the stretch has grown up to and
+    including its step in flight at ``now_s`` — what stepping would hold then (a step takes its
+    blocks when it launches)."""
+    used = rep.pool.used
+    flight = rep.flight
+    if flight is None or flight.step is not None or flight.skip is None:
+        return used
+    from sim.engine.skipping import blocks_grown
+
+    _, ends, computed, held, _ = flight.skip
+    j = int(np.searchsorted(ends, now_s, side="right"))  # steps of the stretch done by now
+    if j >= len(ends):
+        return used
+    return used + int(blocks_grown(computed, held, rep.pool.config.block_size, j + 1)[-1])
+
+
 def replica_state(rep: Replica) -> ReplicaState:
     """The frozen ``ReplicaState`` of ``rep`` now."""
     work = outstanding(rep)
@@ -202,8 +222,9 @@ def replica_state(rep: Replica) -> ReplicaState:
     cached = tuple(sorted(pool.cache.cached_blocks().items())) if pool.cache else ()
     cfg = pool.config
     flight = rep.flight
-    return ReplicaState(max(rep.clock, rep.advanced_s), work.num_queued, len(rep.running),
-                        work.prefill_tokens, work.decode_tokens, pool.used,
+    now = max(rep.clock, rep.advanced_s)
+    return ReplicaState(now, work.num_queued, len(rep.running),
+                        work.prefill_tokens, work.decode_tokens, kv_used_blocks(rep, now),
                         0 if cfg.unlimited else cfg.num_blocks, cached,
                         None if flight is None else flight.end_s)
 
@@ -220,5 +241,5 @@ def emit_first_tokens(rep: ReplicaSteps, run: Mapping[int, int], end: float) -> 
 
 
 __all__ = ["EVENT_KINDS", "Outstanding", "ReplicaEvent", "ReplicaState", "admit",
-           "advance_until", "drop_landed_kv", "land_kv", "outstanding", "release_held",
-           "reserve_kv", "emit_first_tokens", "replica_state"]
+           "advance_until", "drop_landed_kv", "kv_used_blocks", "land_kv", "outstanding",
+           "release_held", "reserve_kv", "emit_first_tokens", "replica_state"]

@@ -173,14 +173,28 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         if log.stream is not None:  # the validity flags, counted as rows fold
             log.stream.count_rows = partial(validity_counts, cost=cost)
         return log
-    reason = ("replicas driven from outside (a router)" if driver is not None else
-              fast_path_blocker(policies[0], kv_config, cost, checks=checks,
-                                event_skipping=event_skipping) if fast_path
-              else "fast_path=False")
+    reason = (_driven_blocker(driver, horizon_s, wall_clock_s, cols) if driver is not None
+              else "")
+    if not reason:
+        reason = (fast_path_blocker(policies[0], kv_config, cost, checks=checks,
+                                    event_skipping=event_skipping) if fast_path
+                  else "fast_path=False")
     if not reason:
         reason = _size_blocker(len(cols["arrival_s"]), num_replicas, fast_path)
     engine = "general"
-    if not reason:
+    if not reason and driver is not None:  # compiled replicas behind the driver (a router)
+        from sim.engine.compiled_drive import run_driven
+
+        reqs = _sorted_requests(requests)
+        logs = [new_log() for _ in policies]
+        if monitor is not None:
+            monitor(logs, np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
+        cols = _arrival_order(cols)
+        runs, assign = run_driven(reqs, cols["id"], driver, policies, cost, kv_config, logs,
+                                  max_model_len=limit)
+        engine = "compiled"
+        table = _fast_request_table(cols, runs, assign)
+    elif not reason:
         # replicas never interact: each runs alone on its round-robin share
         if cols["id"].dtype == object:
             raise InputError("must all be integers on the fast path", field="requests[].id")
@@ -196,9 +210,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         engine = "compiled"
         table = _fast_request_table(cols, runs)
     else:
-        if isinstance(requests, TraceArrays):
-            requests = requests.to_requests()
-        reqs = sorted(requests, key=_ARRIVAL_ORDER)
+        reqs = _sorted_requests(requests)
         logs = [new_log()]
         if monitor is not None:
             monitor(logs, np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
@@ -232,6 +244,27 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     summary["partial"] = bool(summary["num_unfinished"] > 0)
     return SimResult(table, steps, summary, (gaps, counts), kv_config, engine_profile(cost),
                      "buckets" if stream is not None else "full", engine, reason)
+
+
+def _sorted_requests(requests: Sequence[Request] | TraceArrays) -> list[Request]:
+    """The requests as ``Request`` objects in arrival order, ties by id."""
+    if isinstance(requests, TraceArrays):
+        requests = requests.to_requests()
+    return sorted(requests, key=_ARRIVAL_ORDER)
+
+
+def _driven_blocker(driver: ReplicaDriver, horizon_s: float | None,
+                    wall_clock_s: float | None, cols: dict[str, np.ndarray]) -> str:
+    """Why replicas driven from outside cannot be compiled ones ('' when they can: the
+    driver says it can drive them, and the run has no horizon or wall-clock budget)."""
+    why = getattr(driver, "compiled_blocker", "replicas driven from outside (a router)")
+    if why:
+        return str(why)
+    if horizon_s is not None or wall_clock_s is not None:
+        return "a routed run with a horizon or wall-clock budget"
+    if cols["id"].dtype == object:
+        return "request ids that are not all integers"
+    return ""
 
 
 def _needs_priority(policy: Policy) -> bool:
@@ -342,13 +375,15 @@ def _arrival_order(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v[order] for k, v in cols.items()}
 
 
-def _fast_request_table(cols: dict[str, np.ndarray], outs: list[Any]) -> pd.DataFrame:
+def _fast_request_table(cols: dict[str, np.ndarray], outs: list[Any],
+                        assign: np.ndarray | None = None) -> pd.DataFrame:
     """The request table of a fast-path run (``cols`` in arrival order, ``outs`` one per
-    replica, each over its round-robin share), in id order."""
+    replica, each over its round-robin share, or over the requests ``assign`` (the replica
+    of each, in arrival order) gave it), in id order."""
     ids = cols["id"]
     n = len(ids)
     replicas = len(outs)
-    out = outs[0] if replicas == 1 else _interleave(outs, n)
+    out = outs[0] if replicas == 1 else _interleave(outs, n, assign)
     # ids usually follow arrival order already (trace rows): then nothing moves
     order = slice(None) if n < 2 or (np.diff(ids) > 0).all() else np.argsort(ids, kind="stable")
     zeros = np.zeros(n, dtype=np.int64)
@@ -362,7 +397,8 @@ def _fast_request_table(cols: dict[str, np.ndarray], outs: list[Any]) -> pd.Data
         "num_prompt_tokens": col(cols["num_prompt_tokens"], np.int64),
         "num_output_tokens": col(cols["num_output_tokens"], np.int64),
         "num_generated": col(out.num_generated, np.int64),
-        "replica": zeros if replicas == 1 else col(np.arange(n) % replicas, np.int64),
+        "replica": zeros if replicas == 1 else col(
+            np.arange(n) % replicas if assign is None else assign, np.int64),
         "num_swaps": zeros, "num_cached_tokens": zeros,
         "arrival_s": col(cols["arrival_s"]),
         "first_scheduled_s": col(out.first_scheduled_s),
@@ -378,11 +414,18 @@ def _fast_request_table(cols: dict[str, np.ndarray], outs: list[Any]) -> pd.Data
     return request_frame(columns, status, reason)
 
 
-def _interleave(outs: list[Any], n: int) -> Any:
-    """One outcome set from per-replica ones: replica ``k`` holds rows ``k, k + R, ...``."""
+def _interleave(outs: list[Any], n: int, assign: np.ndarray | None = None) -> Any:
+    """One outcome set from per-replica ones: replica ``k`` holds rows ``k, k + R, ...``
+    (or the rows where ``assign`` is ``k``)."""
     merged = Outcomes(n)
+    rows: list[Any] = ([slice(k, None, len(outs)) for k in range(len(outs))] if assign is None
+                       else [np.flatnonzero(assign == k) for k in range(len(outs))])
     for name in vars(merged):
         column = getattr(merged, name)
         for k, out in enumerate(outs):
-            column[k::len(outs)] = getattr(out, name)
+            if isinstance(column, list) and not isinstance(rows[k], slice):
+                for i, v in zip(rows[k].tolist(), getattr(out, name), strict=True):
+                    column[i] = v
+            else:
+                column[rows[k]] = getattr(out, name)
     return merged
