@@ -22,8 +22,15 @@ import numpy as np
 
 from sim.core.rules import blocks_for, blocks_needed
 from sim.core.types import BatchShape, Plan
-from sim.cost.base import StepSeries, step_series
-from sim.engine.skipping import MAX_SKIP_STEPS, blocks_grown, multiset_costed, take_arrivals
+from sim.cost.base import StepSeries
+from sim.engine.skipping import (
+    MAX_SKIP_STEPS,
+    blocks_grown,
+    fitting_steps,
+    multiset_costed,
+    stretch_costs,
+    take_arrivals,
+)
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
@@ -54,28 +61,11 @@ def plan_batch_run(rep: Replica, plan: Plan, shape: BatchShape, now: float, limi
                             np.int64, n)
     computed = np.fromiter((s.num_computed for s in seqs), np.int64, n)
     held = np.fromiter((s.num_blocks for s in seqs), np.int64, n)
-    k = min(MAX_SKIP_STEPS, int(remaining.max()))
-    cfg = rep.pool.config
-    if not cfg.unlimited:
-        bs, free = cfg.block_size, rep.pool.view_free
-
-        def need(steps: int) -> int:  # growth through ``steps``, finishers stopping at theirs
-            grown = blocks_for(computed + np.minimum(remaining, steps), bs) - held
-            return int(np.maximum(grown, 0).sum())
-
-        if need(k) > free:  # largest k whose growth fits: need() is monotone in k
-            lo, hi = 0, k
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if need(mid) <= free else (lo, mid - 1)
-            k = lo
+    # finishers stop growing at their last step
+    k = fitting_steps(rep, computed, held, min(MAX_SKIP_STEPS, int(remaining.max())), remaining)
     if k < 1:
         return None
-    base = BatchShape(shape.new_tokens, shape.context_lens + 1, shape.num_padding_tokens)
-    series = step_series(rep.cost, base, k)
-    ends = np.cumsum(np.concatenate(([now], series.seconds)))[1:]
-    if ends[-1] >= limit:
-        ends = ends[:int(np.searchsorted(ends, limit, side="left")) + 1]
+    series, ends = stretch_costs(rep, shape, k, now, limit)
     return series, ends, computed, held, remaining, now
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from sim.core.rules import blocks_for, blocks_needed
 from sim.core.types import BatchShape, PaddingRow, Plan
-from sim.cost.base import step_series
+from sim.cost.base import StepSeries, step_series
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
@@ -71,29 +71,47 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
         held_.append(seq.num_blocks)
     computed = np.array(computed_, dtype=np.int64)
     held = np.array(held_, dtype=np.int64)
-    cfg = rep.pool.config
-    if not cfg.unlimited:
-        bs, free = cfg.block_size, rep.pool.view_free
-
-        def need(steps: int) -> int:
-            return int(np.maximum(blocks_for(computed + steps, bs) - held, 0).sum())
-
-        if need(k) > free:  # largest k whose growth fits: need() is monotone in k
-            lo, hi = 0, k
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if need(mid) <= free else (lo, mid - 1)
-            k = lo
+    k = fitting_steps(rep, computed, held, k)
     if k < 1:
         return None
+    limit = min(next_arrival, rep.horizon_s if rep.horizon_s is not None else math.inf)
+    series, ends = stretch_costs(rep, shape, k, now, limit)
+    return series, ends, computed, held, now
+
+
+def fitting_steps(rep: Replica, computed: np.ndarray, held: np.ndarray, k: int,
+                  remaining: np.ndarray | None = None) -> int:
+    """The most decode steps, up to ``k``, whose KV growth fits in the blocks policies see
+    free: requests with ``computed`` tokens in ``held`` blocks, each stopping after its
+    ``remaining`` steps when given (a finisher grows no more)."""
+    cfg = rep.pool.config
+    if cfg.unlimited:
+        return k
+    bs, free = cfg.block_size, rep.pool.view_free
+
+    def need(steps: int) -> int:
+        reached = computed + (steps if remaining is None else np.minimum(remaining, steps))
+        return int(np.maximum(blocks_for(reached, bs) - held, 0).sum())
+
+    if need(k) <= free:
+        return k
+    lo, hi = 0, k  # the largest k whose growth fits: need() is monotone in k
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid) <= free else (lo, mid - 1)
+    return lo
+
+
+def stretch_costs(rep: Replica, shape: BatchShape, k: int, now: float, limit: float
+                  ) -> tuple[StepSeries, np.ndarray]:
+    """The costs of ``k`` decode steps after a step of ``shape`` and their end times from
+    ``now``, cut after the step whose end reaches ``limit`` (stepping stops there)."""
     base = BatchShape(shape.new_tokens, shape.context_lens + 1, shape.num_padding_tokens)
     series = step_series(rep.cost, base, k)
     ends = np.cumsum(np.concatenate(([now], series.seconds)))[1:]
-    limit = min(next_arrival, rep.horizon_s if rep.horizon_s is not None else math.inf)
     if ends[-1] >= limit:
-        k = int(np.searchsorted(ends, limit, side="left")) + 1
-        ends = ends[:k]
-    return series, ends, computed, held, now
+        ends = ends[:int(np.searchsorted(ends, limit, side="left")) + 1]
+    return series, ends
 
 
 def blocks_grown(computed: np.ndarray, held: np.ndarray, block_size: int, k: int,
