@@ -33,6 +33,9 @@ def test_one_group_is_the_same_run_as_identical_replicas() -> None:
     for key, value in plain.summary.items():
         assert grouped.summary[key] == pytest.approx(value, nan_ok=True), key
     assert grouped.groups["completed"].tolist() == [plain.summary["completed"]]
+    # the run says which engine ran and why (the console's fallback line reads it)
+    assert grouped.engine == "general"
+    assert grouped.engine_reason == "a cluster of groups runs on the general engine"
 
 
 def test_a_faster_group_weighs_more_and_load_aware_routing_uses_it() -> None:

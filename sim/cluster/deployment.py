@@ -126,6 +126,10 @@ def _result(table: pd.DataFrame, log: StepLog, replicas: list[Replica], owner: l
     gaps, _, counts = canonical_irregular([runs])
     result = SimResult(table, steps, summary, (gaps, counts), None,
                        "+".join(sorted({engine_profile(g.cost) for g in groups})))
+    result.engine = "general"  # groups are driven through the general replica
+    result.engine_reason = ("disaggregated prefill and decode (the KV hand-off) runs on the "
+                            "general engine" if driver is not None else
+                            "a cluster of groups runs on the general engine")
     result.replicas = per_replica(table, steps, len(replicas))
     result.replicas.insert(1, "group", names)
     result.routing = routing
