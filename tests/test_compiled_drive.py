@@ -16,10 +16,8 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 import sim
-from sim.core.errors import InputError
 from sim.engine.validate import EngineError
-from sim.kv.config import resolve_kv
-from tests.test_coverage import COSTS, kv_blocks, specs
+from tests.test_coverage import COSTS, drawn_kv, kv_blocks, specs
 from tests.test_fastpath import assert_same_run
 
 #: Every registered router, with the parameters that change what it reads.
@@ -54,13 +52,7 @@ def traces(draw: st.DrawFn) -> list[sim.Request]:
 def check_routed(reqs: list[sim.Request], policy: dict[str, Any], kv: Any, cost: Any,
                  router: dict[str, Any], num_replicas: int, tight: int | None) -> None:
     """One drawn routed run: compiled replicas equal general ones, bit for bit."""
-    if kv is not None and tight is not None:  # a cache just big enough: preemptions, victims
-        longest = max(r.num_prompt_tokens + r.num_output_tokens for r in reqs)
-        kv = {**kv, "num_blocks": -(-longest // kv.get("block_size", 16)) + tight}
-    try:
-        kv_config = resolve_kv(kv, cost)
-    except InputError:
-        assume(False)  # a drawn block the validation refuses: not a run
+    kv_config = drawn_kv(reqs, kv, cost, tight)
     kw = {"policy": policy, "cost": cost, "kv": kv_config, "num_replicas": num_replicas,
           "router": router}
     fast = sim.simulate(reqs, **kw, fast_path="compiled")

@@ -182,17 +182,25 @@ def traces(draw: st.DrawFn) -> list[sim.Request]:
 COSTS = [sim.ConstantCost(0.01), sim.LinearCost(0.002, 1e-4, 1e-3)]
 
 
+def drawn_kv(reqs: list[sim.Request], kv: Any, cost: Any, tight: int | None) -> KVConfig:
+    """The drawn ``kv`` block resolved; with ``tight``, a cache just big enough for the longest
+    request plus ``tight`` blocks (preemptions, victims). A block the validation refuses is
+    not a run (``assume``)."""
+    if kv is not None and tight is not None:
+        longest = max(r.num_prompt_tokens + r.num_output_tokens for r in reqs)
+        kv = {**kv, "num_blocks": -(-longest // kv.get("block_size", 16)) + tight}
+    try:
+        return resolve_kv(kv, cost)
+    except InputError:
+        assume(False)
+        raise  # not reached: assume(False) ends the example
+
+
 def check_drawn_run(reqs: list[sim.Request], policy: dict[str, Any], kv: Any, cost: Any,
                     horizon_s: float | None, num_replicas: int, tight: int | None) -> None:
     """One drawn run: the compiled interpreter (or, where the allow-list says so, the general
     engine unchecked) equals the general engine with its invariant checks, bit for bit."""
-    if kv is not None and tight is not None:  # a cache just big enough: preemptions, victims
-        longest = max(r.num_prompt_tokens + r.num_output_tokens for r in reqs)
-        kv = {**kv, "num_blocks": -(-longest // kv.get("block_size", 16)) + tight}
-    try:
-        kv_config = resolve_kv(kv, cost)
-    except InputError:
-        assume(False)  # a drawn block the validation refuses: not a run
+    kv_config = drawn_kv(reqs, kv, cost, tight)
     kw = {"policy": policy, "cost": cost, "kv": kv_config, "horizon_s": horizon_s,
           "num_replicas": num_replicas}
     fast = sim.simulate(reqs, **kw, fast_path="compiled")
