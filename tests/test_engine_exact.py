@@ -214,7 +214,7 @@ def test_a_context_that_outgrows_the_whole_cache_is_rejected_mid_run():
 
 
 def test_a_prompt_longer_than_the_token_budget_is_rejected_by_continuous():
-    res = run(requests([0.0, 0.0], [65, 64], 2), max_num_batched_tokens=64)
+    res = run(requests([0.0, 0.0], [65, 64], 2), max_num_batched_tokens=64, max_num_seqs=64)
     a, b = row(res, 0), row(res, 1)
     assert a["status"] == "rejected"
     assert "max_num_batched_tokens=64" in a["reason"]

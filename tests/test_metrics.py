@@ -199,7 +199,7 @@ def test_a_single_token_request_cannot_violate_a_tpot_slo():
 def test_a_rejected_request_counts_against_slo_attainment():
     # Request 1's prompt exceeds the token budget: rejected, so 1 of 2 requests meets the SLO.
     res = simulate(requests([0.0, 0.0], [5, 100], 2),
-                   policy={"name": "continuous", "max_num_batched_tokens": 64},
+                   policy={"name": "continuous", "max_num_batched_tokens": 64, "max_num_seqs": 64},
                    slos={"ttft_ms": 10_000})
     s = res.summary
     assert s["completed"] == 1 and s["num_rejected"] == 1

@@ -126,8 +126,8 @@ class SchedulingSpec:
         "int", "Most prefill tokens one request gets per step (`null`: the budget); "
         "`chunked` admission only.", minimum=1, optional=True))
     max_num_seqs: int = _field(256, Domain(
-        "int", "Running requests (batch rows); with `decode_first` at most "
-        "`max_num_batched_tokens`, so every running decode fits in one step.", minimum=1))
+        "int", "Running requests (batch rows); at most `max_num_batched_tokens`, so every "
+        "running decode fits in one step.", minimum=1))
     max_num_batched_tokens: int = _field(2048, Domain(
         "int", "Tokens per step (the token budget).", minimum=1))
     watermark: float = _field(0.01, Domain(
@@ -172,10 +172,13 @@ class SchedulingSpec:
                                  f"{self.composition!r}")
         if self.chunk_size is not None and self.admission != "chunked":
             return "chunk_size", "applies to 'chunked' admission only; use null"
-        if self.composition == "decode_first" and self.max_num_seqs > self.max_num_batched_tokens:
+        # Every composition: a step of decodes alone counts one token per running request,
+        # so more rows than the budget could never all decode (vLLM rejects the same).
+        if self.max_num_seqs > self.max_num_batched_tokens:
             return "max_num_seqs", (f"{self.max_num_seqs} > max_num_batched_tokens="
                                     f"{self.max_num_batched_tokens}: every running decode "
-                                    "must fit in one step's budget")
+                                    "must fit in one step's budget; lower max_num_seqs or "
+                                    "raise the token budget")
         return None
 
     def code(self, name: str) -> int:
