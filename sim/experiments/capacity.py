@@ -27,6 +27,7 @@ from typing import Any, overload
 import pandas as pd
 
 from sim.experiments.config import expand_runs, load_yaml, parse_override, set_dotted
+from sim.experiments.fleet import cost_per_mtok, fleet, fleet_label
 from sim.experiments.results import read_json, write_json, write_text
 from sim.experiments.runner import build_requests, pin_inputs, run_id, simulate_config
 from sim.experiments.slo import PER_REQUEST, CapacityError, Slos, fmt_value, parse_slos
@@ -189,23 +190,6 @@ def search(start: float, tolerance: float, width: int,
     return Outcome(lo, hi, "found")
 
 
-def cost_per_mtok(config: dict[str, Any], output_throughput: float,
-                  base_dir: str | None = None) -> float | None:
-    """USD per million output tokens: GPU price × GPUs / output tokens per hour (or None)."""
-    from sim.core.paths import resolve_from
-    from sim.cost.profiles import load_gpu
-
-    try:
-        hardware = resolve_from(config["hardware"], Path(base_dir) if base_dir else None)
-        price = load_gpu(hardware).price_per_gpu_hour_usd
-    except (ValueError, OSError):
-        return None
-    par = config["parallelism"]
-    if price is None or not output_throughput > 0:
-        return None
-    return price * par["tp"] * par["replicas"] / (output_throughput * 3600) * 1e6
-
-
 def _cached(path: Path) -> dict[str, Any] | None:
     """A cached probe summary, or ``None`` when absent or damaged (then it is redone)."""
     try:
@@ -270,7 +254,7 @@ class _Prober:
         """The capacity.csv row of target ``t``: the metrics at the answer (at the failing
         lowest rate when infeasible), the binding SLO and the cost (found answers only)."""
         at = found.fail_rate if found.status == "infeasible" else found.rate
-        s, par = self.seen.get(at, {}), t.config["parallelism"]
+        s, gpus = self.seen.get(at, {}), fleet(t.config)
         fail = self.seen.get(found.fail_rate)
         return {"label": t.label, "policy": t.config["policy"].get("name"), **t.swept,
                 "rate_key": t.key, "max_rate": found.rate, "status": found.status,
@@ -278,7 +262,7 @@ class _Prober:
                 "fail_rate": found.fail_rate,
                 **{c: s.get(c, math.nan) for c in list(SHOWN) + self.slos.columns()},
                 "busy_fraction": s.get("busy_fraction", math.nan),
-                "gpus": par["tp"] * par["replicas"], "hardware": t.config["hardware"],
+                "gpus": sum(gpus.values()), "hardware": fleet_label(gpus),
                 "cost_per_mtok_usd": cost_per_mtok(t.config, s.get("output_throughput", 0.0),
                                                    self.base_dir)
                 if found.status == "found" else None}
