@@ -208,9 +208,9 @@ def test_editing_the_trace_file_makes_a_new_run(tmp_path):
 
 
 def test_editing_a_custom_profile_file_makes_a_new_run(tmp_path):
-    from sim.cost.profiles import _builtin
+    from sim.cost.profiles import builtin_files
 
-    gpu = yaml.safe_load(_builtin("gpus")["h100-sxm"].read_text())
+    gpu = yaml.safe_load(builtin_files("gpus")["h100-sxm"].read_text())
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(gpu))
     exp = write_exp(tmp_path, cost={"kind": "roofline"}, hardware=str(tmp_path / "g.yaml"),
                     kv={"num_blocks": 400, "block_size": 16})
