@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import gc
 import math
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 import numpy as np
 from numba import njit
@@ -115,6 +116,10 @@ def advance_and_count(req_i, req_f, running, hkeys, hranks, hitems, pending, pla
 
 class DrivenCompiled:
     """One replica on the compiled interpreter behind the drive API (module docstring)."""
+
+    #: A router with no latency may route over such replicas in one compiled loop
+    #: (``sim.engine.compiled_route``) instead of calling them per arrival.
+    routes_compiled = True
 
     def __init__(self, index: int, spec: SchedulingSpec, cost: Any, kv: KVConfig, *,
                  max_model_len: int | None, name: str, order: list[int]) -> None:
@@ -211,7 +216,33 @@ class DrivenCompiled:
         return self.rep.outcomes()
 
 
-def run_driven(reqs: list[Request], ids: np.ndarray, driver: Any, policies: list[Any],
+class Arrivals(Sequence[Request]):
+    """A run's requests in arrival order: their columns at once (``columns``: ``id``,
+    ``arrival_s``, ``num_prompt_tokens``, ``num_output_tokens``, ``priority``), the
+    ``Request`` objects only when something reads one (``build`` makes them all, in that
+    order), so a router that reads only the columns spares a million-request run them."""
+
+    def __init__(self, columns: dict[str, np.ndarray], build: Callable[[], list[Request]]
+                 ) -> None:
+        self.columns = columns
+        self._build: Callable[[], list[Request]] | None = build
+        self._reqs: list[Request] = []
+
+    def __len__(self) -> int:
+        return len(self.columns["id"])
+
+    @overload
+    def __getitem__(self, i: int) -> Request: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Request]: ...
+
+    def __getitem__(self, i: Any) -> Any:
+        if self._build is not None:
+            self._reqs, self._build = self._build(), None
+        return self._reqs[i]
+
+
+def run_driven(reqs: Sequence[Request], ids: np.ndarray, driver: Any, policies: list[Any],
                cost: Any, kv: KVConfig, logs: list[StepLog], *, max_model_len: int | None
                ) -> tuple[list[Outcomes], np.ndarray]:
     """Hand ``reqs`` (arrival order; ``ids`` theirs) and one ``DrivenCompiled`` per policy to
