@@ -6,7 +6,9 @@
 - ``Loads`` is the ``Sequence[ReplicaLoad]`` a router was promised;
 - the loop's returns to Python (a replica's arrays out of room, its log buffers full, a
   router that is not a whole rule, a user's subclass of a built-in router) change nothing:
-  the run equals the general engine's, every routing decision included.
+  the run equals the general engine's, every routing decision included;
+- and it equals driving ``DrivenCompiled`` replicas one arrival at a time (the drive API it
+  replaces in routed runs, kept for other drivers).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from sim.core import load_arrays as la
 from sim.core.routing import Arrival, ReplicaLoad
 from sim.engine import compiled
 from sim.engine import compiled_route as cr
+from sim.engine.compiled_drive import DrivenCompiled
 from tests.test_fastpath import assert_same_run
 
 replica_loads = st.lists(st.builds(
@@ -109,3 +112,23 @@ def test_a_subclass_keeps_its_own_route():
     theirs = sim.simulate(REQS, **kw, router={"name": "least_outstanding_tokens"})
     assert mine.engine == theirs.engine == "compiled"
     assert not np.array_equal(mine.routing.replica, theirs.routing.replica)
+
+
+@pytest.mark.parametrize("router", [{"name": "least_outstanding_tokens"},
+                                    {"name": "power_of_two", "refresh_s": 0.02}])
+def test_the_compiled_loop_equals_driving_the_replicas_one_arrival_at_a_time(router,
+                                                                           monkeypatch):
+    """``DrivenCompiled``'s own drive API (``advance_until``, ``admit``, its loads through
+    ``sim.cluster.loads``), which the compiled loop replaces for routed runs, stays exact."""
+    kw: dict[str, Any] = {"policy": {"name": "continuous", "max_num_seqs": 4},
+                          "cost": sim.LinearCost(base_s=0.004, per_token_s=1e-4),
+                          "kv": {"num_blocks": 14, "block_size": 16}, "num_replicas": 3,
+                          "router": router, "fast_path": "compiled"}
+    loop = sim.simulate(REQS, **kw)
+    monkeypatch.setattr(DrivenCompiled, "routes_compiled", False)
+    one_by_one = sim.simulate(REQS, **kw)
+    assert loop.engine == one_by_one.engine == "compiled"
+    assert_same_run(loop, one_by_one)
+    for name in ("replica", "outstanding", "time_s", "request_id"):
+        assert np.asarray(getattr(loop.routing, name)).tolist() == np.asarray(
+            getattr(one_by_one.routing, name)).tolist(), name

@@ -98,6 +98,17 @@ def load_now(req_i, req_f, running, hitems, pending, plan_idx, plan_n, log_i, st
             _add(req_i, i, c - n, gen - sampled, True, out, 1)
 
 
+def must_run(idle: bool, first_buffered_s: float, now_s: float, straddle: bool, t: float
+             ) -> bool:
+    """Whether a replica must run to be up to date at ``t`` (module docstring): idle, a
+    request handed to it (the earliest at ``first_buffered_s``, ``inf`` if none) can start
+    before ``t``; busy, its step in flight ended before ``t`` (or at ``t`` while the step
+    read last straddled an earlier instant)."""
+    if idle:
+        return first_buffered_s < t
+    return now_s < t or (now_s == t and straddle)
+
+
 @njit(**KERNEL)
 def advance_and_count(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,  # noqa: ANN001, ANN201
                       pre_idx, params_i, params_f, analytic, terms, dense, log_i, log_f, log_b,
@@ -146,14 +157,9 @@ class DrivenCompiled:
             raise ValueError(f"replica {self.index}: cannot go back from "
                              f"t={self.advanced_s} to {t}")
         self.advanced_s = t
-        if self._closed:
+        if self._closed or must_run(self._idle, self._buf[0][0] if self._buf else math.inf,
+                                    self._now, self._straddle, t):
             self._run(t)
-        elif self._idle:
-            if not self._buf or self._buf[0][0] >= t:
-                return
-        elif self._now > t or (self._now == t and not self._straddle):
-            return
-        self._run(t)
 
     def _run(self, t: float) -> None:
         """Hand the buffered requests over, run to just before ``t``, read the load."""

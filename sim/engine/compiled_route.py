@@ -41,11 +41,13 @@ from sim.engine.compiled_drive import (
     Q_USED,
     DrivenCompiled,
     load_now,
+    must_run,
 )
 
 assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
     la.WAITING, la.RUNNING, la.PREFILL, la.DECODING, la.KV_USED)
 
+_must_run = jit_rule(must_run, inline=True)
 _measure = jit_rule(la.measure, inline=True)
 _measure_at = jit_rule(la.measure_at, inline=True, measure=_measure)
 _choose = jit_rule(la.choose, lightest_among=jit_rule(la.lightest_among, measure_at=_measure_at),
@@ -72,10 +74,8 @@ _BIG = 1 << 62
 def _advance(a, drv_i, drv_f, cached, r, t):  # noqa: ANN001, ANN202
     """``DrivenCompiled.advance_until(t)`` for replica ``r``: -1, or the interpreter's code
     when it is neither PAUSED nor IDLE (Python takes over)."""
-    if drv_i[r, D_IDLE]:
-        if drv_i[r, D_BUF_N] == 0 or drv_f[r, D_BUF_FIRST] >= t:
-            return -1
-    elif drv_f[r, D_NOW] > t or (drv_f[r, D_NOW] == t and drv_i[r, D_STRADDLE] == 0):
+    if not _must_run(drv_i[r, D_IDLE] != 0, drv_f[r, D_BUF_FIRST], drv_f[r, D_NOW],
+                     drv_i[r, D_STRADDLE] != 0, t):
         return -1
     drv_i[r, D_BUF_N] = 0
     drv_i[r, D_BUF_PROMPT] = 0
