@@ -132,3 +132,10 @@ def test_the_compiled_loop_equals_driving_the_replicas_one_arrival_at_a_time(rou
     for name in ("replica", "outstanding", "time_s", "request_id"):
         assert np.asarray(getattr(loop.routing, name)).tolist() == np.asarray(
             getattr(one_by_one.routing, name)).tolist(), name
+
+
+def test_the_routing_loop_is_rebuilt_when_what_it_compiles_changes():
+    # numba's cache of the routing loop only watches its own file
+    assert cr.ROUTE_SHA256 == cr.route_sha256(), (
+        f"one of {cr.ROUTE_SOURCES} changed: update ROUTE_SHA256 in "
+        "sim/engine/compiled_route.py")
