@@ -223,11 +223,11 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         steps = stream.table()
     elif len(logs) == 1:
         steps = logs[0].table()
-        if num_replicas > 1 and len(steps):
-            steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(
-                drop=True)
-    else:
-        steps = _merged_steps(logs)
+    else:  # an idle replica's empty table would turn the integer columns into floats
+        tables = [log.table() for log in logs if len(log)]
+        steps = pd.concat(tables, ignore_index=True) if tables else logs[0].table()
+    if num_replicas > 1 and len(steps) and stream is None:
+        steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
     gaps, at, counts = canonical_irregular([log.irregular_runs() for log in logs])
     summary = summarize(
         table, steps, (gaps, at, counts),
@@ -245,21 +245,6 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     summary["partial"] = bool(summary["num_unfinished"] > 0)
     return SimResult(table, steps, summary, (gaps, counts), kv_config, engine_profile(cost),
                      "buckets" if stream is not None else "full", engine, reason)
-
-
-def _merged_steps(logs: list[StepLog]) -> pd.DataFrame:
-    """The full step tables of one log per replica as one, in (start, replica) order, ties in
-    log order: what concatenating them and a stable sort give, column by column in numpy
-    (pandas' concat and sort copied every column of a multi-million-step table twice)."""
-    tables = [log.table() for log in logs if len(log)]  # an idle replica's empty table
-    if not tables:                                       # would make integers floats
-        return logs[0].table()
-    if len(tables) == 1:
-        return tables[0]
-    columns = {k: np.concatenate([t[k].to_numpy() for t in tables]) for k in tables[0].columns}
-    order = np.lexsort((columns["replica"], columns["start_s"]))  # stable, as sort_values
-    return pd.DataFrame({k: v[order] for k, v in columns.items()}, columns=tables[0].columns,
-                        copy=False)
 
 
 def _sorted_requests(requests: Sequence[Request] | TraceArrays) -> list[Request]:
