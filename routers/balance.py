@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from routers.base import Router, check_metric, lightest, register
+from routers.base import Router, apply_rule, check_metric, lightest, register
+from sim.core import load_arrays as la
 from sim.core.routing import Arrival, ReplicaLoad
 
 
@@ -52,9 +54,11 @@ class Random(Router):
 class LeastOutstandingRequests(Router):
     """Join the shortest queue, counted in requests."""
 
+    rule: ClassVar[int] = la.REQUESTS
+
     def route(self, request: Arrival, loads: Sequence[ReplicaLoad]) -> int:
         """The replica with the fewest outstanding requests per unit of capacity."""
-        return lightest(loads, "requests")
+        return apply_rule(self.rule, loads)
 
 
 @register("least_outstanding_tokens")
@@ -62,9 +66,11 @@ class LeastOutstandingRequests(Router):
 class LeastOutstandingTokens(Router):
     """Join the shortest queue, counted in tokens of work."""
 
+    rule: ClassVar[int] = la.TOKENS
+
     def route(self, request: Arrival, loads: Sequence[ReplicaLoad]) -> int:
         """The replica with the fewest outstanding tokens per unit of capacity."""
-        return lightest(loads, "tokens")
+        return apply_rule(self.rule, loads)
 
 
 @register("least_kv_usage")
@@ -72,10 +78,11 @@ class LeastOutstandingTokens(Router):
 class LeastKVUsage(Router):
     """The emptiest KV cache; ties broken by outstanding requests."""
 
+    rule: ClassVar[int] = la.EMPTIEST_KV
+
     def route(self, request: Arrival, loads: Sequence[ReplicaLoad]) -> int:
         """The replica with the smallest KV usage (then fewest requests)."""
-        return min(range(len(loads)), key=lambda i: (loads[i].kv_usage,
-                                                    loads[i].num_outstanding / loads[i].weight, i))
+        return apply_rule(self.rule, loads)
 
 
 @register("power_of_two")

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from sim.core import load_arrays as la
 from sim.core.errors import InputError
 from sim.core.plugins import Registry
 from sim.core.routing import Arrival, ReplicaLoad
@@ -33,6 +34,10 @@ class Router:
     """Base class of every router (see the module docstring for the shared parameters)."""
 
     name: ClassVar[str] = "router"
+    #: The whole rule ``route`` applies when it is one of ``sim.core.load_arrays``'s (then a
+    #: compiled router may apply it itself; read from the class that declares it, so a
+    #: subclass with its own ``route`` is never mistaken for it); ``NO_RULE`` otherwise.
+    rule: ClassVar[int] = la.NO_RULE
     refresh_s: float = 0.0
     latency_s: float = 0.0
 
@@ -72,20 +77,35 @@ def registered() -> dict[str, type[Router]]:
     return ROUTERS.registered()
 
 
-#: Load measures a router can balance on, each "lower is lighter" and per unit of capacity.
+def _metric(code: int) -> Callable[[ReplicaLoad], float]:
+    def of(s: ReplicaLoad) -> float:
+        return la.measure(s.num_waiting, s.num_running, s.outstanding_prefill_tokens,
+                          s.num_decoding, s.kv_used_blocks, s.kv_total_blocks, s.weight, code)
+    return of
+
+
+#: Load measures a router can balance on, each "lower is lighter" and per unit of capacity
+#: (``sim.core.load_arrays.measure``).
 LOAD_METRICS: dict[str, Callable[[ReplicaLoad], float]] = {
-    "requests": lambda s: s.num_outstanding / s.weight,
-    "tokens": lambda s: s.outstanding_tokens / s.weight,
-    "kv": lambda s: s.kv_usage,
-}
+    name: _metric(code) for code, name in enumerate(la.METRICS)}
 
 
 def lightest(loads: Sequence[ReplicaLoad], metric: str = "requests",
              among: Sequence[int] | None = None) -> int:
-    """The index of the lightest replica by ``metric``; ties go to the lowest index."""
-    measure = LOAD_METRICS[metric]
-    candidates = range(len(loads)) if among is None else among
-    return min(candidates, key=lambda i: (measure(loads[i]), i))
+    """The index of the lightest replica by ``metric``; ties go to the lowest index
+    (``sim.core.load_arrays.lightest_among``)."""
+    arrays = la.Loads.of(loads)
+    candidates = (np.arange(len(arrays), dtype=np.int64) if among is None
+                  else np.asarray(among, dtype=np.int64))
+    return la.lightest_among(arrays.counts, arrays.weight, arrays.kv_total,
+                             la.METRICS.index(metric), candidates)
+
+
+def apply_rule(rule: int, loads: Sequence[ReplicaLoad]) -> int:
+    """The replica a whole rule of ``sim.core.load_arrays`` picks (``Router.rule``)."""
+    arrays = la.Loads.of(loads)
+    return la.choose(rule, arrays.counts, arrays.weight, arrays.kv_total,
+                     np.arange(len(arrays), dtype=np.int64))
 
 
 def check_metric(router: Router, field: str, metric: str) -> None:

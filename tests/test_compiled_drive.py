@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -60,9 +61,9 @@ def check_routed(reqs: list[sim.Request], policy: dict[str, Any], kv: Any, cost:
     event(f"engine: {fast.engine}")
     assert_same_run(fast, slow)
     assert fast.routing is not None and slow.routing is not None
-    assert fast.routing.replica == slow.routing.replica
-    assert fast.routing.outstanding == slow.routing.outstanding
-    assert fast.routing.time_s == slow.routing.time_s
+    for name in ("replica", "outstanding", "time_s", "request_id"):
+        assert np.asarray(getattr(fast.routing, name)).tolist() == np.asarray(
+            getattr(slow.routing, name)).tolist(), name
 
 
 @settings(max_examples=150, deadline=None)

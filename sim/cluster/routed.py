@@ -7,6 +7,11 @@ steps ending by then are committed, a step in flight stays in flight), reads the
 once, or ``latency_s`` later when routing takes time (the request is then in nobody's queue
 meanwhile). After the last arrival every replica is closed and run to the end.
 
+Over compiled replicas with no routing latency the whole loop runs compiled
+(``sim.engine.compiled_route``): the router's rule itself when it is a whole rule of
+``sim.core.load_arrays`` (``Router.rule``), else the router called per arrival with the
+loads as arrays (``sim.core.load_arrays.Loads``). Same decisions, same log.
+
 Exactness: a replica advanced to ``t`` and then given a request at ``t`` plans exactly as if
 the request had been in its own arrival list (the engine's same-time rule), so the router's
 choice is the only thing that differs from a static split. Replicas interact only through the
@@ -18,13 +23,14 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
 
 from routers import Router
 from sim.cluster.loads import LoadBoard
+from sim.core import load_arrays as la
 from sim.core.blocks import block_hashes
 from sim.core.routing import Arrival, prefix_chain
 from sim.core.types import Request
@@ -36,12 +42,16 @@ if TYPE_CHECKING:
 @dataclass
 class RoutingLog:
     """One row per routing decision: when, which request, where it went, and the live
-    outstanding requests of every replica at that instant (for the imbalance metrics)."""
+    outstanding requests of every replica at that instant (for the imbalance metrics).
 
-    time_s: list[float] = field(default_factory=list)
-    request_id: list[int] = field(default_factory=list)
-    replica: list[int] = field(default_factory=list)
-    outstanding: list[list[int]] = field(default_factory=list)
+    Lists while a Python loop appends to them; numpy arrays (``outstanding``: one row per
+    decision) from the compiled router. Compare them through ``numpy.asarray``.
+    """
+
+    time_s: Any = field(default_factory=list)
+    request_id: Any = field(default_factory=list)
+    replica: Any = field(default_factory=list)
+    outstanding: Any = field(default_factory=list)
 
 
 class PrefixChains:
@@ -80,8 +90,11 @@ def run_routed(reqs: Sequence[Request], replicas: Sequence[Replica], router: Rou
                weights: Sequence[float] | None = None) -> RoutingLog:
     """Route ``reqs`` (in arrival order) over ``replicas`` and run everything to the end."""
     router.start(len(replicas), rng)
-    board = LoadBoard(replicas, router.refresh_s, weights)
     chains = PrefixChains(hash_block_tokens)
+    if (router.latency_s == 0 and replicas
+            and all(getattr(rep, "routes_compiled", False) for rep in replicas)):
+        return _route_compiled(reqs, replicas, router, chains, weights)
+    board = LoadBoard(replicas, router.refresh_s, weights)
     log = RoutingLog()
     env = simpy.Environment()
     env.process(_route_all(env, reqs, replicas, router, board, chains, log))
@@ -91,6 +104,37 @@ def run_routed(reqs: Sequence[Request], replicas: Sequence[Replica], router: Rou
     for rep in replicas:
         rep.advance_until(math.inf)
     return log
+
+
+def _route_compiled(reqs: Sequence[Request], replicas: Sequence[Any], router: Router,
+                    chains: PrefixChains, weights: Sequence[float] | None) -> RoutingLog:
+    """``run_routed`` in one compiled loop (``sim.engine.compiled_route``)."""
+    from sim.engine.compiled_route import route_all
+
+    n, num = len(reqs), len(replicas)
+
+    def pick(j: int, loads: la.Loads) -> int:
+        return _checked(router, router.route(arrival_of(reqs[j], chains), loads), num)
+
+    cols = getattr(reqs, "columns", None)  # ``Arrivals``: no Request read unless picked
+    if cols is None:
+        cols = {name: np.fromiter((getattr(r, name) for r in reqs),
+                                  np.float64 if name == "arrival_s" else np.int64, n)
+                for name in ("id", "arrival_s", "num_prompt_tokens", "num_output_tokens",
+                             "priority")}
+    assign, outstanding = route_all(
+        replicas, cols["id"], cols["arrival_s"], cols["num_prompt_tokens"],
+        cols["num_output_tokens"], cols["priority"],
+        type(router).__dict__.get("rule", la.NO_RULE), pick, router.refresh_s,
+        weights if weights is not None else [1.0] * num)
+    return RoutingLog(cols["arrival_s"], cols["id"], assign, outstanding)
+
+
+def _checked(router: Router, choice: int, num: int) -> int:
+    """``choice``, once it is a replica's index."""
+    if not 0 <= choice < num:
+        raise RuntimeError(f"router {router.name!r} chose replica {choice} of {num}")
+    return choice
 
 
 def _route_all(env: simpy.Environment, reqs: Sequence[Request], replicas: Sequence[Replica],
@@ -105,10 +149,7 @@ def _route_all(env: simpy.Environment, reqs: Sequence[Request], replicas: Sequen
         for rep in replicas:
             rep.advance_until(t)
         loads = board.read(t)
-        choice = router.route(arrival_of(req, chains), loads)
-        if not 0 <= choice < len(replicas):
-            raise RuntimeError(f"router {router.name!r} chose replica {choice} of "
-                               f"{len(replicas)}")
+        choice = _checked(router, router.route(arrival_of(req, chains), loads), len(replicas))
         log.time_s.append(t)
         log.request_id.append(req.id)
         log.replica.append(choice)

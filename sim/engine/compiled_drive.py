@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import gc
 import math
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 import numpy as np
 from numba import njit
@@ -97,6 +98,17 @@ def load_now(req_i, req_f, running, hitems, pending, plan_idx, plan_n, log_i, st
             _add(req_i, i, c - n, gen - sampled, True, out, 1)
 
 
+def must_run(idle: bool, first_buffered_s: float, now_s: float, straddle: bool, t: float
+             ) -> bool:
+    """Whether a replica must run to be up to date at ``t`` (module docstring): idle, a
+    request handed to it (the earliest at ``first_buffered_s``, ``inf`` if none) can start
+    before ``t``; busy, its step in flight ended before ``t`` (or at ``t`` while the step
+    read last straddled an earlier instant)."""
+    if idle:
+        return first_buffered_s < t
+    return now_s < t or (now_s == t and straddle)
+
+
 @njit(**KERNEL)
 def advance_and_count(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,  # noqa: ANN001, ANN201
                       pre_idx, params_i, params_f, analytic, terms, dense, log_i, log_f, log_b,
@@ -115,6 +127,10 @@ def advance_and_count(req_i, req_f, running, hkeys, hranks, hitems, pending, pla
 
 class DrivenCompiled:
     """One replica on the compiled interpreter behind the drive API (module docstring)."""
+
+    #: A router with no latency may route over such replicas in one compiled loop
+    #: (``sim.engine.compiled_route``) instead of calling them per arrival.
+    routes_compiled = True
 
     def __init__(self, index: int, spec: SchedulingSpec, cost: Any, kv: KVConfig, *,
                  max_model_len: int | None, name: str, order: list[int]) -> None:
@@ -141,14 +157,9 @@ class DrivenCompiled:
             raise ValueError(f"replica {self.index}: cannot go back from "
                              f"t={self.advanced_s} to {t}")
         self.advanced_s = t
-        if self._closed:
+        if self._closed or must_run(self._idle, self._buf[0][0] if self._buf else math.inf,
+                                    self._now, self._straddle, t):
             self._run(t)
-        elif self._idle:
-            if not self._buf or self._buf[0][0] >= t:
-                return
-        elif self._now > t or (self._now == t and not self._straddle):
-            return
-        self._run(t)
 
     def _run(self, t: float) -> None:
         """Hand the buffered requests over, run to just before ``t``, read the load."""
@@ -211,7 +222,33 @@ class DrivenCompiled:
         return self.rep.outcomes()
 
 
-def run_driven(reqs: list[Request], ids: np.ndarray, driver: Any, policies: list[Any],
+class Arrivals(Sequence[Request]):
+    """A run's requests in arrival order: their columns at once (``columns``: ``id``,
+    ``arrival_s``, ``num_prompt_tokens``, ``num_output_tokens``, ``priority``), the
+    ``Request`` objects only when something reads one (``build`` makes them all, in that
+    order), so a router that reads only the columns spares a million-request run them."""
+
+    def __init__(self, columns: dict[str, np.ndarray], build: Callable[[], list[Request]]
+                 ) -> None:
+        self.columns = columns
+        self._build: Callable[[], list[Request]] | None = build
+        self._reqs: list[Request] = []
+
+    def __len__(self) -> int:
+        return len(self.columns["id"])
+
+    @overload
+    def __getitem__(self, i: int) -> Request: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Request]: ...
+
+    def __getitem__(self, i: Any) -> Any:
+        if self._build is not None:
+            self._reqs, self._build = self._build(), None
+        return self._reqs[i]
+
+
+def run_driven(reqs: Sequence[Request], ids: np.ndarray, driver: Any, policies: list[Any],
                cost: Any, kv: KVConfig, logs: list[StepLog], *, max_model_len: int | None
                ) -> tuple[list[Outcomes], np.ndarray]:
     """Hand ``reqs`` (arrival order; ``ids`` theirs) and one ``DrivenCompiled`` per policy to

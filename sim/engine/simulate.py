@@ -183,15 +183,16 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         reason = _size_blocker(len(cols["arrival_s"]), num_replicas, fast_path)
     engine = "general"
     if not reason and driver is not None:  # compiled replicas behind the driver (a router)
-        from sim.engine.compiled_drive import run_driven
+        from sim.engine.compiled_drive import Arrivals, run_driven
 
-        reqs = _sorted_requests(requests)
+        cols["priority"] = _priorities(requests)
+        cols = _arrival_order(cols)
         logs = [new_log() for _ in policies]
         if monitor is not None:
-            monitor(logs, np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
-        cols = _arrival_order(cols)
-        runs, assign = run_driven(reqs, cols["id"], driver, policies, cost, kv_config, logs,
-                                  max_model_len=limit)
+            monitor(logs, cols["arrival_s"])
+        arrivals = Arrivals(cols, partial(_sorted_requests, requests))
+        runs, assign = run_driven(arrivals, cols["id"], driver, policies, cost, kv_config,
+                                  logs, max_model_len=limit)
         engine = "compiled"
         table = _fast_request_table(cols, runs, assign)
     elif not reason:
