@@ -60,18 +60,19 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
     # ``kv.blocks_needed(seen, n)`` without its method call: paged has no floor
     paged = kv.reserve_tokens is None and kv.reserve_output_tokens is None
     running, waiting, preempted, reject = rep.running, rep.waiting, rep.preempted, plan.reject
+    get = running.get
     for sid, n in plan.run.items():
-        seq = running.get(sid) or waiting.get(sid) or preempted.get(sid)
+        seq = get(sid) or waiting.get(sid) or preempted.get(sid)
         if seq is None or (reject and sid in reject):
             fail(rep, now, f"request {sid} is not waiting or running")
-        seen = seq.view()
-        computed = seen.num_computed_tokens
-        left = seen.num_prompt_tokens + seen.num_generated - computed
+        # the view the policy saw: every running and queued request's was built for it
+        seen = seq._view or seq.view()
+        _, _, prompt, generated, computed, _, held, _ = seen
+        left = prompt + generated - computed
         if n.__class__ is not int and not isinstance(n, int) or n < 1 or n > left:
             fail(rep, now, f"request {sid}: {n!r} tokens scheduled, 1..{left} allowed")
         total += n
-        blocks += blocks_needed(computed + n, 0 if paged else kv.floor_tokens(seen),
-                                seen.num_blocks, bs)
+        blocks += blocks_needed(computed + n, 0 if paged else kv.floor_tokens(seen), held, bs)
     if pol.max_num_batched_tokens is not None and total > pol.max_num_batched_tokens:
         fail(rep, now, f"{total} tokens > max_num_batched_tokens={pol.max_num_batched_tokens}")
     if blocks > kv.free_blocks + freed:
