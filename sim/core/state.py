@@ -116,18 +116,21 @@ class Seq:
         the previous token came at ``start`` (ITL == step duration), else the gap in seconds.
         """
         self._view = None
-        self.num_computed += n
-        if self.num_computed > self.max_held:
-            self.max_held = self.num_computed
-        if self.num_computed < self.req.num_prompt_tokens + self.num_generated:
+        computed = self.num_computed + n
+        self.num_computed = computed
+        if computed > self.max_held:
+            self.max_held = computed
+        req, generated = self.req, self.num_generated
+        if computed < req.num_prompt_tokens + generated:
             return None
-        self.num_generated += 1
+        generated += 1
+        self.num_generated = generated
         last = self.last_token_s
         self.last_token_s = end
-        if self.num_generated >= self.req.num_output_tokens:
+        if generated >= req.num_output_tokens:
             self.status = "finished"
             self.finish_s = end
-        if self.num_generated == 1:
+        if generated == 1:
             self.first_token_s = end
             return None
         gap = end - last

@@ -126,8 +126,13 @@ class ReplicaSteps:
         self.preempted[seq.req.id] = seq
         self._queue_views = None
 
-    def _launch(self, plan: Plan, now: float) -> tuple[BatchShape, int, int, int]:
-        """Move scheduled requests to running, grow their KV and build the batch shape."""
+    def _launch(self, plan: Plan, now: float, needs: Sequence[int] = ()
+                ) -> tuple[BatchShape, int, int, int]:
+        """Move scheduled requests to running, grow their KV and build the batch shape.
+
+        ``needs``: the blocks each request of ``plan.run`` needs, as ``validate_plan``
+        counted them; used when every one was running already (a request taken from the
+        queue holds its cached prefix blocks first, which changes its count)."""
         pool, cfg = self.pool, self.pool.config
         running, bs = self.running, cfg.block_size
         run = plan.run
@@ -149,7 +154,8 @@ class ReplicaSteps:
         num_prefill = num_decode = recomputed = 0
         paged = cfg.allocator != "slab"  # no reservation: grow inline, as ``pool.grow`` would
         swaps = admitted and cfg.preemption == "swap"  # only requests taken from the queue
-        for sid, n in run.items():
+        counted = paged and not admitted and len(needs) == len(run)
+        for i, (sid, n) in enumerate(run.items()):
             seq = running[sid]
             if swaps and seq.swapped:  # its KV comes back from host memory before the step
                 assert cfg.swap_s_per_token is not None and cfg.kv_bytes_per_token is not None
@@ -161,7 +167,7 @@ class ReplicaSteps:
             if seq.max_held > computed:  # ``seq.num_recomputed(n)``, inlined
                 recomputed += min(target, seq.max_held) - computed
             if paged:
-                need = blocks_needed(target, 0, seq.num_blocks, bs)
+                need = needs[i] if counted else blocks_needed(target, 0, seq.num_blocks, bs)
                 if need:
                     pool.take_for(seq, need)
             else:
