@@ -90,7 +90,8 @@ def main() -> None:
         text = res.requests.to_csv() + res.steps.to_csv()
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{args.policy} n={args.size} sim={Path(sim.__file__).parent} engine={res.engine} "
+    engine = getattr(res, "engine", "general")  # older checkouts do not name it
+    print(f"{args.policy} n={args.size} sim={Path(sim.__file__).parent} engine={engine} "
           f"cpu_s={cpu:.2f} wall_s={wall:.2f} steps={res.summary['num_steps']} "
           f"peak_rss_mb={rss_mb:.0f} tables={digest}")
 

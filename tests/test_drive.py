@@ -12,9 +12,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 
 import sim
 from policies import make_policy
+from sim.core.state import Seq
 from sim.core.types import Request
 from sim.engine.drive import EVENT_KINDS, ReplicaEvent
 from sim.engine.replica import Replica
@@ -89,6 +91,29 @@ def test_driven_replicas_give_the_tables_of_simulate(name: str, kv_name: str) ->
         requests, steps = drive(reqs, POLICIES[name], KVS[kv_name], replicas)
         pd.testing.assert_frame_equal(requests, want.requests)
         pd.testing.assert_frame_equal(steps, want.steps)
+
+
+@pytest.mark.parametrize("kv_name", sorted(KVS))
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_replica_run_alone_equals_its_simpy_process(name: str, kv_name: str) -> None:
+    """``Replica.run_alone`` (one replica, no SimPy event a step) is the SimPy process."""
+    reqs = sorted(workload(), key=lambda r: (r.arrival_s, r.id))
+    cfg = resolve_kv(KVS[kv_name], COST)
+    tables = []
+    for alone in (True, False):
+        log, seqs = StepLog(), {r.id: Seq(r) for r in reqs}
+        rep = Replica(0, reqs, make_policy(POLICIES[name]), COST, cfg, log, seqs, checks=True,
+                      max_model_len=COST.model.max_position_embeddings)
+        if alone:
+            rep.run_alone()
+        else:
+            env = simpy.Environment()
+            env.process(rep.process(env))
+            env.run()
+        tables.append((request_table(sorted(seqs.values(), key=lambda s: s.req.id)),
+                       log.table()))
+    for got, want in zip(*tables, strict=True):
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
 
 
 def test_the_workloads_exercise_preemption_swaps_prefix_hits_and_skipping() -> None:

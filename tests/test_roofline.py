@@ -210,3 +210,31 @@ def test_calibrated_profiles_record_their_fit():
         assert min(gemm) <= 10.0 and max(gemm) <= 15.0
         assert "measurements" in fit["data"]
         assert gpu.calibration_status == "fitted" and gpu.calibration_data
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 20000)), min_size=1,
+                max_size=130),
+       st.sampled_from([("llama-3-8b", "h100-sxm", 1), ("llama-3-70b", "h100-sxm", 4),
+                        ("llama-3-8b", "a100-80gb", 1), ("mixtral-8x7b", "h100-sxm", 2)]),
+       st.floats(0.0, 1.0))
+def test_small_batches_cost_the_same_over_lists_as_in_numpy(rows, config, decodes):
+    """A small batch's attention reductions over Python lists give ``step`` the very floats
+    the numpy reductions give (the list form is only a speed-up)."""
+    import sim.cost.roofline as roofline
+
+    model, gpu, tp = config
+    cost = build_cost_model(model, gpu, tp=tp)
+    n_dec = int(decodes * len(rows))  # a share of one-token rows, as a decode batch has
+    new = np.array([1 if i < n_dec else n for i, (n, _) in enumerate(rows)], dtype=np.int64)
+    ctx = new + np.array([c for _, c in rows], dtype=np.int64)
+    shape = BatchShape.of(new, ctx)
+    fast = cost.step(shape)
+    old, roofline.ROWS_IN_PYTHON = roofline.ROWS_IN_PYTHON, 0
+    try:
+        ref = RooflineCost.step(cost, shape)
+    finally:
+        roofline.ROWS_IN_PYTHON = old
+    assert (fast.seconds, fast.flops, fast.bytes, fast.bound) == (
+        ref.seconds, ref.flops, ref.bytes, ref.bound)
+    assert fast.breakdown == ref.breakdown

@@ -23,13 +23,9 @@ REGULAR_ITL = -1.0
 
 NAN = math.nan
 
-# Slot setters of the frozen ``SeqView``: building a snapshot is the engine's most frequent
-# allocation, and these skip the dataclass ``__init__``'s ``object.__setattr__`` round trips.
-_new_view = SeqView.__new__
-(_SET_ID, _SET_ARRIVAL, _SET_PROMPT, _SET_GENERATED, _SET_COMPUTED, _SET_PREEMPTIONS,
- _SET_BLOCKS, _SET_PRIORITY) = (getattr(SeqView, f).__set__ for f in (
-    "id", "arrival_s", "num_prompt_tokens", "num_generated", "num_computed_tokens",
-    "num_preemptions", "num_blocks", "priority"))
+# ``SeqView`` is a named tuple: built with ``tuple.__new__`` from its fields in order, which
+# skips the generated ``__new__``'s argument parsing (the engine's most frequent allocation).
+_new_tuple = tuple.__new__
 
 
 class Seq:
@@ -75,18 +71,12 @@ class Seq:
     def view(self) -> SeqView:
         """The frozen snapshot a policy sees (cached until the state changes)."""
         v = self._view
-        if v is None:  # SeqView(...) without the frozen dataclass's per-field setattr calls
+        if v is None:
             r = self.req
-            v = _new_view(SeqView)
-            _SET_ID(v, r.id)
-            _SET_ARRIVAL(v, r.arrival_s)
-            _SET_PROMPT(v, r.num_prompt_tokens)
-            _SET_GENERATED(v, self.num_generated)
-            _SET_COMPUTED(v, self.num_computed + self.hit_tokens)
-            _SET_PREEMPTIONS(v, self.num_preemptions)
-            _SET_BLOCKS(v, self.num_blocks)
-            _SET_PRIORITY(v, r.priority)
-            self._view = v
+            v = self._view = _new_tuple(SeqView, (
+                r.id, r.arrival_s, r.num_prompt_tokens, self.num_generated,
+                self.num_computed + self.hit_tokens, self.num_preemptions, self.num_blocks,
+                r.priority))
         return v
 
     def offer_hit(self, num_tokens: int) -> bool:
@@ -126,18 +116,21 @@ class Seq:
         the previous token came at ``start`` (ITL == step duration), else the gap in seconds.
         """
         self._view = None
-        self.num_computed += n
-        if self.num_computed > self.max_held:
-            self.max_held = self.num_computed
-        if self.num_computed < self.req.num_prompt_tokens + self.num_generated:
+        computed = self.num_computed + n
+        self.num_computed = computed
+        if computed > self.max_held:
+            self.max_held = computed
+        req, generated = self.req, self.num_generated
+        if computed < req.num_prompt_tokens + generated:
             return None
-        self.num_generated += 1
+        generated += 1
+        self.num_generated = generated
         last = self.last_token_s
         self.last_token_s = end
-        if self.num_generated >= self.req.num_output_tokens:
+        if generated >= req.num_output_tokens:
             self.status = "finished"
             self.finish_s = end
-        if self.num_generated == 1:
+        if generated == 1:
             self.first_token_s = end
             return None
         gap = end - last

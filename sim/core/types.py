@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,9 +36,12 @@ class Request:
     hash_ids: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class SeqView:
-    """What a policy may know about one request: everything but its true output length."""
+class SeqView(NamedTuple):
+    """What a policy may know about one request: everything but its true output length.
+
+    A named tuple rather than a frozen dataclass: immutable all the same, and the engine
+    builds one per running request per step (its most frequent allocation), which a tuple
+    makes about three times cheaper."""
 
     id: int
     arrival_s: float

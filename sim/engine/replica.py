@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import simpy
@@ -69,13 +70,27 @@ class Replica(ReplicaSteps):
         SimPy's relative timeouts cannot always land on a given float, and replicas never
         interact, so this keeps token times bit-identical whether stretches are skipped or not.
         """
-        reqs = self.requests
         self.clock = env.now
+        for t in self._waits():
+            yield env.timeout(max(0.0, t - env.now))
+            self.clock = t
+
+    def run_alone(self) -> None:
+        """Run the replica on its own requests with no other process on the clock: what
+        ``process`` does under SimPy with one replica, without an event per step."""
+        self.clock = 0.0
+        for t in self._waits():
+            self.clock = t
+
+    def _waits(self) -> Iterator[float]:
+        """The replica's loop over its own list: yields each time to wait until; the driver
+        sets the clock to exactly that time before resuming it."""
+        reqs = self.requests
         self.accepting = False  # its own list is all that will arrive
         while True:
             flight = self.flight
             if flight is not None:
-                yield from self._wait_until(env, flight.end_s)
+                yield flight.end_s
                 self.land()
                 continue
             wake = self.begin()
@@ -85,13 +100,8 @@ class Replica(ReplicaSteps):
                 return
             if self.next_index < len(reqs):
                 wake = min(wake, reqs[self.next_index].arrival_s)
-            yield from self._wait_until(env, wake)
+            yield wake
             self.idle = False
-
-    def _wait_until(self, env: simpy.Environment, t: float):  # noqa: ANN202 - generator
-        """Let SimPy run until ``t``, then set the replica's clock to exactly ``t``."""
-        yield env.timeout(max(0.0, t - env.now))
-        self.clock = t
 
     def _next_arrival(self) -> float:
         """Arrival time of the next request of the replica's own list (inf when none)."""
@@ -141,7 +151,7 @@ class Replica(ReplicaSteps):
             return None
         view = self._view(now)
         plan = self.policy.schedule(view)
-        validate_plan(self, plan, view)
+        needs = validate_plan(self, plan, view)
         for sid, reason in plan.reject.items():
             self._reject(self._pop_waiting(sid), now, reason)
         if not plan.run:
@@ -162,7 +172,7 @@ class Replica(ReplicaSteps):
             if before is not None and self._launch_skip(plan, before, now, limit):
                 assert self.flight is not None
                 return self.flight.end_s
-        shape, num_prefill, num_decode, recomputed = self._launch(plan, now)
+        shape, num_prefill, num_decode, recomputed = self._launch(plan, now, needs)
         step = self.cost.step(shape)
         # host transfers since the last step (a preemption-only plan's swap-outs included)
         swap_s, swap_bytes = self._swap_s, self._swap_bytes

@@ -357,13 +357,16 @@ def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv
             raise EngineError(f"the replica driver admitted {len(seqs)} of {len(reqs)} requests")
         return request_table(sorted(seqs.values(), key=lambda s: s.req.id))
     seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
-    env = simpy.Environment()
-    for k in range(num_replicas):
-        rep = Replica(k, reqs[k::num_replicas], policies[k], cost, kv, log, seqs,
-                      checks=checks, horizon_s=horizon_s, skip=event_skipping,
-                      max_model_len=max_model_len, deadline=deadline)
-        env.process(rep.process(env))
-    env.run()
+    reps = [Replica(k, reqs[k::num_replicas], policies[k], cost, kv, log, seqs, checks=checks,
+                    horizon_s=horizon_s, skip=event_skipping, max_model_len=max_model_len,
+                    deadline=deadline) for k in range(num_replicas)]
+    if num_replicas == 1:  # nothing else on the clock: no SimPy event a step
+        reps[0].run_alone()
+    else:  # the replicas' steps interleave in the step log in clock order
+        env = simpy.Environment()
+        for rep in reps:
+            env.process(rep.process(env))
+        env.run()
     return request_table(sorted(seqs.values(), key=lambda s: s.req.id))
 
 

@@ -126,11 +126,19 @@ class ReplicaSteps:
         self.preempted[seq.req.id] = seq
         self._queue_views = None
 
-    def _launch(self, plan: Plan, now: float) -> tuple[BatchShape, int, int, int]:
-        """Move scheduled requests to running, grow their KV and build the batch shape."""
+    def _launch(self, plan: Plan, now: float, needs: Sequence[int] = ()
+                ) -> tuple[BatchShape, int, int, int]:
+        """Move scheduled requests to running, grow their KV and build the batch shape.
+
+        ``needs``: the blocks each request of ``plan.run`` needs, as ``validate_plan``
+        counted them; used when every one was running already (a request taken from the
+        queue holds its cached prefix blocks first, which changes its count)."""
         pool, cfg = self.pool, self.pool.config
         running, bs = self.running, cfg.block_size
-        admitted = [sid for sid in plan.run if sid not in running]
+        run = plan.run
+        # the usual step admits nobody: one set comparison in C instead of a lookup a row
+        admitted = [] if running.keys() >= run.keys() else [
+            sid for sid in run if sid not in running]
         for sid in admitted:
             seq = self._pop_waiting(sid)
             running[sid] = seq
@@ -140,12 +148,14 @@ class ReplicaSteps:
             if seq.hit_tokens:
                 pool.pin(seq, seq.hit_tokens // bs)
                 seq.take_hit()
-        new_tokens = list(plan.run.values())
+        new_tokens = list(run.values())
         context: list[int] = []
+        append = context.append
         num_prefill = num_decode = recomputed = 0
         paged = cfg.allocator != "slab"  # no reservation: grow inline, as ``pool.grow`` would
         swaps = admitted and cfg.preemption == "swap"  # only requests taken from the queue
-        for sid, n in plan.run.items():
+        counted = paged and not admitted and len(needs) == len(run)
+        for i, (sid, n) in enumerate(run.items()):
             seq = running[sid]
             if swaps and seq.swapped:  # its KV comes back from host memory before the step
                 assert cfg.swap_s_per_token is not None and cfg.kv_bytes_per_token is not None
@@ -157,7 +167,7 @@ class ReplicaSteps:
             if seq.max_held > computed:  # ``seq.num_recomputed(n)``, inlined
                 recomputed += min(target, seq.max_held) - computed
             if paged:
-                need = blocks_needed(target, 0, seq.num_blocks, bs)
+                need = needs[i] if counted else blocks_needed(target, 0, seq.num_blocks, bs)
                 if need:
                     pool.take_for(seq, need)
             else:
@@ -167,11 +177,11 @@ class ReplicaSteps:
                 num_decode += 1
             else:
                 num_prefill += n
-            context.append(target)
+            append(target)
         pad = 0
         for row in plan.padding:
             new_tokens.append(row.num_tokens)
-            context.append(row.context_len)
+            append(row.context_len)
             pad += row.num_tokens
         # valid by construction (plan checked by ``validate_plan``): no ``BatchShape.of`` checks
         shape = BatchShape(np.array(new_tokens, dtype=np.int64),

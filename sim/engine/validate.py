@@ -25,8 +25,12 @@ def fail(rep: Replica, now: float, rule: str) -> NoReturn:
     raise EngineError(f"policy {rep.policy.name!r} at t={now:.6f}s broke a rule: {rule}")
 
 
-def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
-    """Check ``plan`` against ``view`` and the replica's queues; raise ``EngineError``."""
+def validate_plan(rep: Replica, plan: Plan, view: View) -> list[int]:
+    """Check ``plan`` against ``view`` and the replica's queues; raise ``EngineError``.
+
+    Returns the KV blocks each scheduled request needs, in ``plan.run``'s order, as counted
+    against the view: what ``ReplicaSteps._launch`` gives a request that was already running
+    (neither the plan's rejections nor its preemptions touch a scheduled request)."""
     now, pol = view.now_s, rep.policy
     for sid in plan.reject:
         if sid not in rep.waiting and sid not in rep.preempted:
@@ -50,7 +54,7 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
         if plan.padding or (plan.preempt and not rep.incoming
                             and not any(s.num_blocks for s in rep.waiting.values())):
             fail(rep, now, "padding rows or preemptions without any request to run")
-        return
+        return []
     if pol.max_num_seqs is not None and len(plan.run) > pol.max_num_seqs:
         fail(rep, now, f"{len(plan.run)} sequences > max_num_seqs={pol.max_num_seqs}")
     total = 0
@@ -60,18 +64,23 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
     # ``kv.blocks_needed(seen, n)`` without its method call: paged has no floor
     paged = kv.reserve_tokens is None and kv.reserve_output_tokens is None
     running, waiting, preempted, reject = rep.running, rep.waiting, rep.preempted, plan.reject
+    get = running.get
+    needs: list[int] = []
+    keep = needs.append
     for sid, n in plan.run.items():
-        seq = running.get(sid) or waiting.get(sid) or preempted.get(sid)
+        seq = get(sid) or waiting.get(sid) or preempted.get(sid)
         if seq is None or (reject and sid in reject):
             fail(rep, now, f"request {sid} is not waiting or running")
-        seen = seq.view()
-        computed = seen.num_computed_tokens
-        left = seen.num_prompt_tokens + seen.num_generated - computed
+        # the view the policy saw: every running and queued request's was built for it
+        seen = seq._view or seq.view()
+        _, _, prompt, generated, computed, _, held, _ = seen
+        left = prompt + generated - computed
         if n.__class__ is not int and not isinstance(n, int) or n < 1 or n > left:
             fail(rep, now, f"request {sid}: {n!r} tokens scheduled, 1..{left} allowed")
         total += n
-        blocks += blocks_needed(computed + n, 0 if paged else kv.floor_tokens(seen),
-                                seen.num_blocks, bs)
+        need = blocks_needed(computed + n, 0 if paged else kv.floor_tokens(seen), held, bs)
+        keep(need)
+        blocks += need
     if pol.max_num_batched_tokens is not None and total > pol.max_num_batched_tokens:
         fail(rep, now, f"{total} tokens > max_num_batched_tokens={pol.max_num_batched_tokens}")
     if blocks > kv.free_blocks + freed:
@@ -79,3 +88,4 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> None:
     for row in plan.padding:
         if row.num_tokens < 1 or row.context_len < row.num_tokens:
             fail(rep, now, f"invalid padding row {row}")
+    return needs
