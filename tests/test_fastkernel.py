@@ -188,6 +188,7 @@ def test_the_interpreter_and_its_driver_agree_on_codes():
 
 
 def test_auto_compiles_only_large_runs(monkeypatch):
+    import sim.engine.compiled_cache as compiled_cache
     import sim.engine.compiled_run as compiled_run
     import sim.engine.simulate as simulate
 
@@ -196,6 +197,7 @@ def test_auto_compiles_only_large_runs(monkeypatch):
     monkeypatch.setattr(compiled_run, "run_compiled",
                         lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
     monkeypatch.setattr(simulate, "COMPILED_MIN_REQUESTS", 50)
+    monkeypatch.setattr(compiled_cache, "loop_is_cached", lambda routed=False: True)
     kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 2000}}
     small, large = _long_tailed(49, 1, 0.05), _long_tailed(50, 1, 0.05)
     sim.simulate(small, **kw)
@@ -205,6 +207,38 @@ def test_auto_compiles_only_large_runs(monkeypatch):
     sim.simulate(large, **kw, fast_path="interpreted")
     sim.simulate(large, **kw, num_replicas=2)  # 25 each: below the threshold
     assert calls == [50]
+
+
+def test_a_cold_cache_keeps_mid_sized_runs_on_the_general_engine(monkeypatch):
+    # compiling the loop (~15 s) repays itself only from COMPILED_COLD_MIN_REQUESTS requests
+    import sim.engine.compiled_cache as compiled_cache
+    import sim.engine.simulate as simulate
+
+    monkeypatch.setattr(simulate, "COMPILED_MIN_REQUESTS", 20)
+    monkeypatch.setattr(simulate, "COMPILED_COLD_MIN_REQUESTS", 60)
+    monkeypatch.setattr(compiled_cache, "loop_is_cached", lambda routed=False: False)
+    kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 2000}}
+    mid = sim.simulate(_long_tailed(59, 1, 0.05), **kw)
+    assert mid.engine == "general"
+    assert "not in numba's cache" in mid.engine_reason
+    assert "fast_path='compiled' compiles it" in mid.engine_reason
+    assert sim.simulate(_long_tailed(60, 1, 0.05), **kw).engine == "compiled"
+    forced = sim.simulate(_long_tailed(59, 1, 0.05), **kw, fast_path="compiled")
+    assert forced.engine == "compiled"
+    assert_same_run(forced, mid)  # speed only: the same results
+    monkeypatch.setattr(compiled_cache, "loop_is_cached", lambda routed=False: True)
+    assert sim.simulate(_long_tailed(59, 1, 0.05), **kw).engine == "compiled"
+
+
+def test_the_cache_check_reads_numbas_own_index():
+    from sim.engine import compiled_loop
+    from sim.engine.compiled_cache import loop_is_cached
+
+    sim.simulate(_long_tailed(5, 1, 0.05), policy="continuous", cost=ROOFLINE,
+                 fast_path="compiled")  # compiled (or loaded) in this process
+    assert compiled_loop.run.overloads
+    assert loop_is_cached()
+    assert compiled_loop.run._cache._cache_file._load_index()  # and written to the cache
 
 
 def test_fast_path_choice_is_validated():

@@ -11,8 +11,9 @@ recompute preemption, costed by ``RooflineCost`` (no sliding window), ``Constant
 
 numba is imported only when this runs. The first run on a machine compiles the loop into
 numba's on-disk cache beside the module (tens of seconds); later processes load it in about a
-second, which is why ``simulate`` keeps runs under ``COMPILED_MIN_REQUESTS`` requests on the
-general engine.
+second, which is why ``simulate`` keeps runs under ``COMPILED_MIN_REQUESTS`` requests a replica
+on the general engine, and runs under ``COMPILED_COLD_MIN_REQUESTS`` while the loop is not in
+the cache yet (``sim.engine.compiled_cache``).
 """
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ INITIAL_LOG_ROWS, INITIAL_IRREGULAR_ROWS = 1 << 16, 4096
 #: below it, loading numba and the cached loop (about half a second) costs more than the
 #: general engine spends (measured: docs/performance.md).
 COMPILED_MIN_REQUESTS = 1000
+#: The same while numba's cache does not hold the loop yet (``compiled_cache``): the first
+#: compile (about 15 s) repays itself only on runs the general engine needs longer for
+#: (about 0.5 ms a request for the iteration-level presets: docs/performance.md).
+COMPILED_COLD_MIN_REQUESTS = 20000
 #: Steps between two looks at the wall clock when the run has a wall-clock budget.
 DEADLINE_STEPS = 4096
 

@@ -27,7 +27,7 @@ from sim.core.types import Request
 from sim.cost.base import CostModel
 from sim.cost.checked import checked_cost
 from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
-from sim.engine.compiled import COMPILED_MIN_REQUESTS, Outcomes
+from sim.engine.compiled import COMPILED_COLD_MIN_REQUESTS, COMPILED_MIN_REQUESTS, Outcomes
 from sim.engine.coverage import fast_path_blocker, spec_of
 from sim.engine.inputs import check_run_args, check_run_limits, request_columns
 from sim.engine.replica import EngineError, Replica
@@ -180,7 +180,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                                     event_skipping=event_skipping) if fast_path
                   else "fast_path=False")
     if not reason:
-        reason = _size_blocker(len(cols["arrival_s"]), num_replicas, fast_path)
+        reason = _size_blocker(len(cols["arrival_s"]), num_replicas, fast_path,
+                               routed=driver is not None)
     engine = "general"
     if not reason and driver is not None:  # compiled replicas behind the driver (a router)
         from sim.engine.compiled_drive import Arrivals, run_driven
@@ -327,15 +328,23 @@ def _run_compiled(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy
                         replica=k, name=policy.name)
 
 
-def _size_blocker(n: int, num_replicas: int, choice: bool | str) -> str:
+def _size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False) -> str:
     """Why a run the compiled interpreter covers stays on the general engine anyway: asked
     to (``fast_path='interpreted'``), or too small to repay loading it ('' when it runs)."""
     if choice == "interpreted":
         return "fast_path='interpreted'"
     per_replica = -(-n // num_replicas)
-    if choice is True and per_replica < COMPILED_MIN_REQUESTS:
+    if choice is not True or per_replica >= COMPILED_COLD_MIN_REQUESTS:
+        return ""
+    if per_replica < COMPILED_MIN_REQUESTS:
         return (f"{per_replica} requests on a replica, fewer than the {COMPILED_MIN_REQUESTS} "
                 "that repay loading the compiled interpreter")
+    from sim.engine.compiled_cache import loop_is_cached
+
+    if not loop_is_cached(routed):
+        return (f"{per_replica} requests on a replica, fewer than the "
+                f"{COMPILED_COLD_MIN_REQUESTS} that repay compiling the compiled interpreter "
+                "(not in numba's cache on this machine yet; fast_path='compiled' compiles it)")
     return ""
 
 
