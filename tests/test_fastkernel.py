@@ -221,7 +221,7 @@ def test_a_cold_cache_keeps_mid_sized_runs_on_the_general_engine(monkeypatch):
     mid = sim.simulate(_long_tailed(59, 1, 0.05), **kw)
     assert mid.engine == "general"
     assert "not in numba's cache" in mid.engine_reason
-    assert "fast_path='compiled' compiles it" in mid.engine_reason
+    assert "fast_path='compiled' from Python, compiles it once" in mid.engine_reason
     assert sim.simulate(_long_tailed(60, 1, 0.05), **kw).engine == "compiled"
     forced = sim.simulate(_long_tailed(59, 1, 0.05), **kw, fast_path="compiled")
     assert forced.engine == "compiled"

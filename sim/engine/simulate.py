@@ -344,7 +344,8 @@ def _size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = 
     if not loop_is_cached(routed):
         return (f"{per_replica} requests on a replica, fewer than the "
                 f"{COMPILED_COLD_MIN_REQUESTS} that repay compiling the compiled interpreter "
-                "(not in numba's cache on this machine yet; fast_path='compiled' compiles it)")
+                "(not in numba's cache on this machine yet; the first larger run, or "
+                "fast_path='compiled' from Python, compiles it once)")
     return ""
 
 
