@@ -75,7 +75,7 @@ def engine_blocker(policy: Any, kv: Any, cost: Any, options: dict[str, Any],
     """Why a group's replicas run on the general engine ('' when the compiled interpreter
     covers them): the engine's allow-list (``sim.engine.coverage``), a horizon or a
     wall-clock budget, ``fast_path``, or too few requests to repay loading it."""
-    from sim.engine.simulate import _size_blocker
+    from sim.engine.simulate import size_blocker
 
     choice = options.get("fast_path", True)
     if not choice:
@@ -84,7 +84,7 @@ def engine_blocker(policy: Any, kv: Any, cost: Any, options: dict[str, Any],
         return "a horizon or wall-clock budget"
     return (fast_path_blocker(policy, kv, cost, checks=options["checks"],
                               event_skipping=options["event_skipping"])
-            or _size_blocker(num_requests, num_replicas, choice))
+            or size_blocker(num_requests, num_replicas, choice))
 
 
 def run_disagg(reqs: list[Request], groups: list[Group], router: Router, decode_router: Router,

@@ -180,7 +180,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                                     event_skipping=event_skipping) if fast_path
                   else "fast_path=False")
     if not reason:
-        reason = _size_blocker(len(cols["arrival_s"]), num_replicas, fast_path)
+        reason = size_blocker(len(cols["arrival_s"]), num_replicas, fast_path)
     engine = "general"
     if not reason and driver is not None:  # compiled replicas behind the driver (a router)
         from sim.engine.compiled_drive import run_driven
@@ -326,7 +326,7 @@ def _run_compiled(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy
                         replica=k, name=policy.name)
 
 
-def _size_blocker(n: int, num_replicas: int, choice: bool | str) -> str:
+def size_blocker(n: int, num_replicas: int, choice: bool | str) -> str:
     """Why a run the compiled interpreter covers stays on the general engine anyway: asked
     to (``fast_path='interpreted'``), or too small to repay loading it ('' when it runs)."""
     if choice == "interpreted":
