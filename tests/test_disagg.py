@@ -65,7 +65,8 @@ def test_one_request_decomposes_into_prefill_transfer_and_decode_steps() -> None
     assert list(links.index) == ["gpu0.nvlink.out", "gpu1.nvlink.in"]
     assert links["busy_s"].tolist() == pytest.approx([100 * BPT / 1e9] * 2, abs=1e-12)
     assert (res.engine, res.engine_reason) == (
-        "general", "disaggregated prefill and decode (the KV hand-off) runs on the general engine")
+        "general", "group 'p': per-step invariant checks (checks=True); "
+        "group 'd': per-step invariant checks (checks=True)")
 
 
 def test_two_concurrent_transfers_on_one_link_each_take_twice_the_bandwidth_time() -> None:

@@ -173,6 +173,17 @@ def test_the_compiled_interpreter_is_rebuilt_when_the_rules_change():
         "sim/engine/compiled_loop.py")
 
 
+def test_the_driven_interpreter_is_rebuilt_when_the_loop_changes():
+    # compiled_drive's compiled function holds its own copy of the loop (a stale copy once
+    # ran a loop without a fix made to compiled_loop.py)
+    from sim.engine import compiled_drive, compiled_loop
+
+    assert compiled_drive.LOOP_SHA256 == compiled_loop.rules_sha256(
+        compiled_loop.LOOP_SOURCES), (
+        f"one of {compiled_loop.LOOP_SOURCES} changed: update LOOP_SHA256 in "
+        "sim/engine/compiled_drive.py")
+
+
 def test_the_documented_table_is_the_generated_one():
     from sim.core.scheduling import spec_table
 

@@ -65,11 +65,12 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
     if is_disaggregated(groups):
         assert disagg is not None
         options = {"checks": checks, "horizon_s": horizon_s, "event_skipping": event_skipping,
-                   "deadline": deadline, "max_model_len": max_model_len}
-        table, reps, owners, driver = run_disagg(
+                   "deadline": deadline, "max_model_len": max_model_len,
+                   "fast_path": disagg.get("fast_path", True)}
+        table, reps, owners, driver, logs = run_disagg(
             reqs, groups, router, disagg["decode_router"], disagg["network"],
             (rng, disagg["decode_rng"]), log, options)
-        return _result(table, log, reps, owners, groups, router, seed, warmup_s,
+        return _result(table, logs, reps, owners, groups, router, seed, warmup_s,
                        cooldown_s, slos, driver.log, driver)
     seqs: dict[int, Seq] = {}
     replicas: list[Replica] = []
@@ -90,26 +91,29 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
     block = min(rep.pool.config.block_size for rep in replicas)
     routing = run_routed(reqs, replicas, router, rng, block, weights)
     table = request_table(sorted(seqs.values(), key=lambda s: s.req.id))
-    result = _result(table, log, replicas, owner, groups, router, seed, warmup_s, cooldown_s,
+    result = _result(table, [log], replicas, owner, groups, router, seed, warmup_s, cooldown_s,
                      slos, routing, None)
     assert result.replicas is not None
     result.replicas.insert(2, "weight", weights)
     return result
 
 
-def _result(table: pd.DataFrame, log: StepLog, replicas: list[Replica], owner: list[Group],
+def _result(table: pd.DataFrame, logs: list[StepLog], replicas: list[Any], owner: list[Group],
             groups: list[Group], router: Router, seed: int, warmup_s: float,
             cooldown_s: float, slos: dict[str, float] | None, routing: Any,
             driver: DisaggDriver | None) -> SimResult:
     """The result of a cluster run: tables with ``group``, summaries, per group and replica."""
     names = np.array([g.name for g in owner], dtype=object)
     table.insert(list(table.columns).index("replica") + 1, "group", names[table["replica"]])
-    steps = log.table()
+    tables = [log.table() for log in logs if len(log)]
+    steps = pd.concat(tables, ignore_index=True) if len(tables) > 1 else (
+        tables[0] if tables else logs[0].table())
     if len(steps):
         steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
     steps["group"] = names[steps["replica"].to_numpy()] if len(steps) else pd.Series(
         dtype=object)
-    runs = log.irregular_runs()
+    runs = tuple(np.concatenate(parts) for parts in
+                 zip(*(log.irregular_runs() for log in logs), strict=True))
     window = {"warmup_s": warmup_s, "cooldown_s": cooldown_s, "slos": slos}
     summary = _summary(table, steps, runs, replicas, owner, window)
     if driver is None:
@@ -127,9 +131,9 @@ def _result(table: pd.DataFrame, log: StepLog, replicas: list[Replica], owner: l
     result = SimResult(table, steps, summary, (gaps, counts), None,
                        "+".join(sorted({engine_profile(g.cost) for g in groups})))
     result.engine = "general"  # groups are driven through the general replica
-    result.engine_reason = ("disaggregated prefill and decode (the KV hand-off) runs on the "
-                            "general engine" if driver is not None else
-                            "a cluster of groups runs on the general engine")
+    result.engine_reason = "a cluster of groups runs on the general engine"
+    if driver is not None:  # each group on the compiled interpreter where it covers it
+        result.engine, result.engine_reason = engines(groups, driver.reasons)
     result.replicas = per_replica(table, steps, len(replicas))
     result.replicas.insert(1, "group", names)
     result.routing = routing
@@ -149,10 +153,11 @@ def _summary(table: pd.DataFrame, steps: pd.DataFrame, runs: tuple[np.ndarray, .
     """``summarize`` over some replicas (all of one group, or the whole cluster)."""
     peaks = [getattr(g.cost, "peak_flops", None) for g in owner]
     bandwidths = [getattr(g.cost, "peak_bytes_per_s", None) for g in owner]
-    capacities = {rep.policy.slot_capacity for rep in replicas}
-    blocks = {None if rep.pool.config.unlimited else rep.pool.config.num_blocks
-              for rep in replicas}
-    sizes = {rep.pool.config.block_size for rep in replicas}
+    kvs = [_kv_of(rep) for rep in replicas]
+    capacities = {getattr(rep, "slot_capacity", None) if not hasattr(rep, "policy")
+                  else rep.policy.slot_capacity for rep in replicas}
+    blocks = {None if kv.unlimited else kv.num_blocks for kv in kvs}
+    sizes = {kv.block_size for kv in kvs}
     gaps, at, counts = canonical_irregular([runs])
     out = summarize(table, steps, (gaps, at, counts),
                     peak_flops=_mean(peaks), peak_bytes_per_s=_mean(bandwidths),
@@ -170,6 +175,25 @@ def _summary(table: pd.DataFrame, steps: pd.DataFrame, runs: tuple[np.ndarray, .
             valid[key] += part[key]
     out.update(valid)
     return out
+
+
+def _kv_of(rep: Any) -> Any:
+    """A replica's ``KVConfig`` (a general-engine replica's pool's, or a hand-off side's)."""
+    return rep.pool.config if hasattr(rep, "pool") else rep.kv
+
+
+def engines(groups: list[Group], reasons: list[str]) -> tuple[str, str]:
+    """``SimResult.engine`` and ``engine_reason`` of a disaggregated run whose groups (in
+    the replicas' order: prefill groups first) ran on the general engine for ``reasons``
+    ('' for a group on the compiled interpreter)."""
+    ordered = [g for role in ("prefill", "decode") for g in groups if g.role == role]
+    general = [f"group {g.name!r}: {why}" for g, why in zip(ordered, reasons, strict=True)
+               if why]
+    if not general:
+        return "compiled", ""
+    if len(general) == len(ordered):
+        return "general", "; ".join(general)
+    return "compiled+general", "; ".join(general)
 
 
 def _mean(values: list[Any]) -> float | None:

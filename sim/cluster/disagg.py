@@ -29,13 +29,12 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from routers import Router
-from sim.cluster.handoff import TransferLog, blocks_to_reserve, record, trigger
+from sim.cluster.handoff import Side, TransferLog, blocks_to_reserve, record, trigger
 from sim.cluster.kv_links import Topology
 from sim.cluster.loads import LoadBoard
 from sim.cluster.network import Network
@@ -43,21 +42,16 @@ from sim.cluster.routed import PrefixChains, RoutingLog, arrival_of
 from sim.core.errors import InputError
 from sim.core.routing import ReplicaLoad
 from sim.core.types import Request
-from sim.engine.drive import ReplicaEvent, drop_landed_kv, land_kv, release_held, reserve_kv
 from sim.engine.replica import never_fits
 from sim.engine.validate import EngineError
-
-if TYPE_CHECKING:
-    from sim.engine.replica import Replica
-
 
 
 @dataclass
 class DisaggDriver:
     """Runs requests through prefill replicas, links and decode replicas (module doc)."""
 
-    prefill: Sequence[Replica]
-    decode: Sequence[Replica]
+    prefill: Sequence[Side]  # general-engine or compiled replicas (``sim.cluster.handoff``)
+    decode: Sequence[Side]
     router: Router
     decode_router: Router
     topology: Topology
@@ -66,6 +60,8 @@ class DisaggDriver:
     weights: tuple[Sequence[float], Sequence[float]] = ((), ())
     log: RoutingLog = field(default_factory=RoutingLog)
     decode_log: RoutingLog = field(default_factory=RoutingLog)
+    #: Per group (prefill groups first): why it ran on the general engine ('' compiled).
+    reasons: list[str] = field(default_factory=list)
 
     def run(self, reqs: Sequence[Request], rngs: tuple[np.random.Generator, np.random.Generator]
             ) -> TransferLog:
@@ -91,26 +87,18 @@ class DisaggDriver:
         self.landed: list[int] = []
         self.in_flight = 0
         self.settled = 0  # requests whose prefill finished or was rejected
-        self.decode_events = 0
         self._wake = self.env.event()
-        for rep in self.prefill:
-            rep.hold_kv = True
-            rep.listener = self._on_prefill
-        for rep in self.decode:
-            rep.listener = self._on_decode
         self._loop()
         return self.out
 
-    # -- listeners (called inside ``advance_until``) -----------------------------------------
-    def _on_prefill(self, ev: ReplicaEvent) -> None:
-        if ev.kind == "finish":
-            self.finished_prefills.append((ev.time_s, self.pos[ev.request_id]))
-        if ev.kind in ("finish", "rejected"):
-            self.settled += 1
-
-    def _on_decode(self, ev: ReplicaEvent) -> None:
-        if ev.kind in ("finish", "rejected"):
-            self.decode_events += 1
+    def _collect(self, now: float) -> None:
+        """The prefills that finished (or were rejected) by ``now``."""
+        pos = self.pos
+        for rep in self.prefill:
+            for t, rid, finished in rep.settled(now):
+                if finished:
+                    self.finished_prefills.append((t, pos[rid]))
+                self.settled += 1
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -119,6 +107,7 @@ class DisaggDriver:
         while True:
             for rep in everyone:
                 rep.advance_until(now)
+            self._collect(now)
             self._land(now)
             while nxt < len(reqs) and reqs[nxt].arrival_s <= now:
                 self._route_prefill(nxt, now)
@@ -126,8 +115,7 @@ class DisaggDriver:
             closed = nxt == len(reqs)
             if closed:  # a prefill replica's policy sees no more arrivals once it is empty
                 for rep in self.prefill:
-                    if rep.accepting and not (rep.held or rep.waiting or rep.running
-                                              or rep.preempted or rep.pending):
+                    if rep.is_empty(now):
                         rep.close()
             self._hand_over(now)
             self._reserve(now)
@@ -135,8 +123,7 @@ class DisaggDriver:
                 break
             ahead = math.nextafter(now, math.inf)
             for rep in everyone:  # plan at ``now``, after everything that happened at ``now``
-                if rep.flight is None and not rep.idle and not rep.done:
-                    rep.advance_until(ahead)
+                rep.plan_at(ahead)
             later = self._next_time(now, reqs[nxt].arrival_s if nxt < len(reqs) else math.inf)
             if later is None and self._break_stall(now):
                 now = math.nextafter(now, math.inf)  # where the replicas were planned to
@@ -170,10 +157,7 @@ class DisaggDriver:
         t = arrival
         waiting = any(self.queues)
         for rep in (*self.prefill, *self.decode) if waiting else self.prefill:
-            if rep.flight is not None:
-                t = min(t, rep.flight.end_s)
-            elif rep.idle and not rep.done:
-                t = min(t, rep.wake_s)
+            t = min(t, rep.next_time())
         env = self.env
         if not self.in_flight:
             return None if t == math.inf else max(t, math.nextafter(now, math.inf))
@@ -214,7 +198,7 @@ class DisaggDriver:
             req = self.reqs[k]
             self.out.prefill_done_s[k] = t
             if req.num_output_tokens <= 1:
-                release_held(self.prefill[self.out.prefill_replica[k]], req.id)
+                self.prefill[self.out.prefill_replica[k]].release_held(req.id)
                 continue
             loads = self._decode_loads(now)
             choice = self.decode_router.route(arrival_of(req, self.chains), loads)
@@ -224,10 +208,10 @@ class DisaggDriver:
             record(self.decode_log, now, req.id, choice, loads)
             self.out.decode_replica[k] = len(self.prefill) + choice  # replica numbers
             rep = self.decode[choice]
-            cfg = rep.pool.config
+            cfg = rep.kv
             why = never_fits(cfg, rep.max_model_len, req.num_prompt_tokens,
                              req.num_output_tokens)
-            if not why and blocks_to_reserve(rep, req) > cfg.num_blocks:
+            if not why and blocks_to_reserve(cfg, rep.watermark, req) > cfg.num_blocks:
                 why = (f"its prompt's {req.num_prompt_tokens} tokens of KV and the reservation "
                        f"headroom exceed the {cfg.num_blocks} blocks of the cache")
             if why:
@@ -242,11 +226,7 @@ class DisaggDriver:
         False when none can."""
         moved = False
         for rep in self.decode:
-            if rep.flight is None and not rep.running and (rep.preempted or rep.waiting):
-                landed = [sid for sid, s in rep.waiting.items() if s.num_blocks]
-                if landed:
-                    drop_landed_kv(rep, landed[-1], rep.clock if now is None else now)
-                    moved = True
+            moved = rep.drop_landed_kv(now) or moved
         return moved
 
     def _decode_loads(self, now: float) -> list[ReplicaLoad]:
@@ -266,13 +246,13 @@ class DisaggDriver:
         can always be admitted for their next token."""
         for d, queue in enumerate(self.queues):
             rep = self.decode[d]
-            seats = rep.policy.slot_capacity
-            while queue and not rep.preempted:  # an overloaded replica recomputes first
-                there = (len(rep.running) + len(rep.waiting) + len(rep.preempted)
-                         + len(rep.pending) + len(rep.incoming))
+            seats = rep.slot_capacity
+            while queue and not rep.has_preempted():  # an overloaded replica recomputes first
+                there = rep.num_there(now)
                 if seats is not None and there >= seats:
                     break  # no batch slot: it would wait there holding blocks
-                if blocks_to_reserve(rep, self.reqs[queue[0]]) + there > rep.pool.view_free:
+                free = rep.kv.num_blocks - rep.used_blocks(now)
+                if blocks_to_reserve(rep.kv, rep.watermark, self.reqs[queue[0]]) + there > free:
                     break  # back-pressure: wait for blocks, holding the KV where it is
                 self._send(queue.popleft(), d, now)
 
@@ -280,7 +260,7 @@ class DisaggDriver:
         """Reserve ``k``'s blocks on decode replica ``d`` and start moving its KV."""
         req = self.reqs[k]
         p = int(self.out.prefill_replica[k])
-        reserve_kv(self.decode[d], req, req.num_prompt_tokens, float(self.out.prefill_done_s[k]))
+        self.decode[d].reserve_kv(req, req.num_prompt_tokens, float(self.out.prefill_done_s[k]))
         nbytes = self.bytes_per_token[p] * req.num_prompt_tokens
         self.out.kv_start_s[k] = now
         self.out.kv_bytes[k] = nbytes
@@ -300,11 +280,11 @@ class DisaggDriver:
         for k in landed:
             req = self.reqs[k]
             self.out.kv_landed_s[k] = now
-            release_held(self.prefill[self.out.prefill_replica[k]], req.id)
-            land_kv(self.decode[self.out.decode_replica[k] - len(self.prefill)], req.id)
+            self.prefill[self.out.prefill_replica[k]].release_held(req.id)
+            self.decode[self.out.decode_replica[k] - len(self.prefill)].land_kv(req.id)
 
     def _unsendable(self, k: int, why: str) -> None:
         """A request its decode replica's cache can never hold: rejected, its KV freed."""
         req = self.reqs[k]
-        release_held(self.prefill[self.out.prefill_replica[k]], req.id)
+        self.prefill[self.out.prefill_replica[k]].release_held(req.id)
         self.out.reject_reason[k] = why

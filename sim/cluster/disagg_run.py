@@ -12,6 +12,7 @@ wait for the decode replica, so TPOT and ITL include them, as a client sees them
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,11 +22,12 @@ from policies import make_policy
 from routers import Router
 from sim.cluster.disagg import DisaggDriver
 from sim.cluster.groups import Group, capacity_weights
-from sim.cluster.handoff import TransferLog
+from sim.cluster.handoff import GeneralSide, TransferLog
 from sim.cluster.kv_links import build_topology
 from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
+from sim.engine.coverage import fast_path_blocker
 from sim.engine.replica import Replica
 from sim.kv.config import replica_kv_bytes_per_token, resolve_kv
 from sim.metrics.summary import StepLog, request_table
@@ -35,36 +37,64 @@ DISAGG_COLUMNS = ("prefill_replica", "decode_replica", "kv_wait_s", "kv_transfer
                   "kv_transfer_bytes", "kv_landed_s", "decode_start_s")
 
 
-def build_replicas(groups: list[Group], log: StepLog, options: dict[str, Any]
-                   ) -> tuple[list[Replica], list[Group], dict[int, Seq], dict[int, Seq]]:
-    """Every replica (prefill groups' first), its group, and the two sides' request states."""
-    pre: dict[int, Seq] = {}
-    dec: dict[int, Seq] = {}
-    replicas: list[Replica] = []
+def build_replicas(groups: list[Group], log: StepLog, options: dict[str, Any],
+                   num_requests: int) -> tuple[list[Any], list[Group], list[str]]:
+    """Every replica (prefill groups' first) as a hand-off side, its group, and per group
+    why it runs on the general engine ('' on the compiled interpreter: ``engine_blocker``)."""
+    replicas: list[Any] = []
     owner: list[Group] = []
-    for role, seqs in (("prefill", pre), ("decode", dec)):
+    reasons: list[str] = []
+    for role in ("prefill", "decode"):
         for g in (g for g in groups if g.role == role):
             kv = resolve_kv(g.kv, g.cost)
             limit = options["max_model_len"]
             if limit == "model":
                 limit = getattr(getattr(g.cost, "model", None), "max_position_embeddings", None)
+            why = engine_blocker(make_policy(g.policy), kv, g.cost, options, num_requests,
+                                 g.replicas)
+            reasons.append(why)
             for _ in range(g.replicas):
-                replicas.append(Replica(len(replicas), (), make_policy(g.policy), g.cost, kv,
-                                        log, seqs, checks=options["checks"],
-                                        horizon_s=options["horizon_s"],
-                                        skip=options["event_skipping"],
-                                        deadline=options["deadline"], max_model_len=limit))
+                policy = make_policy(g.policy)
+                if not why:
+                    from sim.engine.compiled_handoff import HandoffCompiled
+                    replicas.append(HandoffCompiled(len(replicas), policy, g.cost, kv,
+                                                    max_model_len=limit,
+                                                    hold=role == "prefill"))
+                else:
+                    rep = Replica(len(replicas), (), policy, g.cost, kv, log, {},
+                                  checks=options["checks"], horizon_s=options["horizon_s"],
+                                  skip=options["event_skipping"],
+                                  deadline=options["deadline"], max_model_len=limit)
+                    replicas.append(GeneralSide(rep, hold=role == "prefill"))
                 owner.append(g)
-    return replicas, owner, pre, dec
+    return replicas, owner, reasons
+
+
+def engine_blocker(policy: Any, kv: Any, cost: Any, options: dict[str, Any],
+                   num_requests: int, num_replicas: int) -> str:
+    """Why a group's replicas run on the general engine ('' when the compiled interpreter
+    covers them): the engine's allow-list (``sim.engine.coverage``), a horizon or a
+    wall-clock budget, ``fast_path``, or too few requests to repay loading it."""
+    from sim.engine.simulate import size_blocker
+
+    choice = options.get("fast_path", True)
+    if not choice:
+        return "fast_path=False"
+    if options["horizon_s"] is not None or options["deadline"] is not None:
+        return "a horizon or wall-clock budget"
+    return (fast_path_blocker(policy, kv, cost, checks=options["checks"],
+                              event_skipping=options["event_skipping"])
+            or size_blocker(num_requests, num_replicas, choice))
 
 
 def run_disagg(reqs: list[Request], groups: list[Group], router: Router, decode_router: Router,
                network: Any, rngs: tuple[np.random.Generator, np.random.Generator],
                log: StepLog, options: dict[str, Any]
-               ) -> tuple[pd.DataFrame, list[Replica], list[Group], DisaggDriver]:
+               ) -> tuple[pd.DataFrame, list[Any], list[Group], DisaggDriver, list[StepLog]]:
     """Serve ``reqs`` (arrival order) on the groups; return the joined requests table, the
-    replicas, their groups and the driver (routing logs, links)."""
-    replicas, owner, pre, dec = build_replicas(groups, log, options)
+    replicas (hand-off sides), their groups, the driver (routing logs, links, each group's
+    engine blocker) and the step logs (the general replicas' shared one first)."""
+    replicas, owner, reasons = build_replicas(groups, log, options, len(reqs))
     n_p = sum(g.replicas for g in groups if g.role == "prefill")
     per_token = []
     for g in owner[:n_p]:
@@ -82,10 +112,47 @@ def run_disagg(reqs: list[Request], groups: list[Group], router: Router, decode_
     weights = [g.weight if g.weight is not None else w for g, w in zip(owner, measured,
                                                                          strict=True)]
     driver = DisaggDriver(replicas[:n_p], replicas[n_p:], router, decode_router, topology,
-                          per_token, min(r.pool.config.block_size for r in replicas),
+                          per_token, min(r.kv.block_size for r in replicas),
                           (weights[:n_p], weights[n_p:]))
     moved = driver.run(reqs, rngs)
-    return joined_table(reqs, pre, dec, moved), replicas, owner, driver
+    pre: dict[int, Seq] = {}
+    dec: dict[int, Seq] = {}
+    logs = [log]
+    for k, side in enumerate(replicas):
+        seqs = pre if k < n_p else dec
+        if isinstance(side, GeneralSide):
+            seqs.update(side.rep.seqs)
+            continue
+        logs.append(StepLog())
+        seqs.update(compiled_seqs(side, reqs, driver.pos, logs[-1]))
+    driver.reasons = reasons
+    return joined_table(reqs, pre, dec, moved), replicas, owner, driver, logs
+
+
+def compiled_seqs(side: Any, reqs: Sequence[Request], pos: dict[int, int], log: StepLog
+                  ) -> dict[int, Seq]:
+    """The final request states of a compiled replica (``Seq`` values, as the general
+    engine's), its steps handed to ``log``."""
+    from sim.engine.compiled_run import hand_over
+
+    out = hand_over(side.rep, log, side.index)
+    seqs = {}
+    first_sched = out.first_scheduled_s.tolist()
+    first_tok, finish = out.first_token_s.tolist(), out.finish_s.tolist()
+    itl = out.max_itl_s.tolist()
+    npre, gen = out.num_preemptions.tolist(), out.num_generated.tolist()
+    for j, rid in enumerate(side.ids):
+        req = reqs[pos[rid]]
+        seq = Seq(req if not side.holds else replace(req, num_output_tokens=1), side.index)
+        seq.first_scheduled_s, seq.first_token_s = first_sched[j], first_tok[j]
+        seq.finish_s, seq.max_itl_s = finish[j], itl[j]
+        seq.num_preemptions, seq.num_generated = npre[j], gen[j]
+        seq.status, seq.reason = out.status[j], out.reason[j]
+        seqs[rid] = seq
+    return seqs
+
+
+
 
 
 def joined_table(reqs: Sequence[Request], pre: dict[int, Seq], dec: dict[int, Seq],

@@ -5,17 +5,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
 
+from sim.cluster.loads import replica_load
 from sim.cluster.routed import RoutingLog
+from sim.core.routing import ReplicaLoad
 from sim.core.rules import blocks_needed, watermark_blocks
 from sim.core.types import Request
+from sim.engine.drive import (
+    ReplicaEvent,
+    drop_landed_kv,
+    kv_used_blocks,
+    land_kv,
+    release_held,
+    reserve_kv,
+)
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
+    from sim.kv.config import KVConfig
 
 NAN = math.nan
 
@@ -42,14 +53,14 @@ class TransferLog:
 
 
 
-def blocks_to_reserve(rep: Replica, req: Request) -> int:
+def blocks_to_reserve(kv: KVConfig, watermark: float, req: Request) -> int:
     """Free blocks (as policies count them) a reservation of ``req``'s prompt KV needs on an
-    otherwise empty ``rep``: its blocks, one block of headroom for its next token, and the
-    policy's watermark (``DisaggDriver._reserve`` adds one block per request already there)."""
-    cfg = rep.pool.config
-    mark = watermark_blocks(float(getattr(rep.policy, "watermark", 0.0)), cfg.num_blocks)
-    need = blocks_needed(req.num_prompt_tokens, cfg.reserve_for(req.num_prompt_tokens), 0,
-                         cfg.block_size)
+    otherwise empty decode replica with cache ``kv`` and a policy of this ``watermark``: its
+    blocks, one block of headroom for its next token, and the watermark's blocks
+    (``DisaggDriver._reserve`` adds one block per request already there)."""
+    mark = watermark_blocks(watermark, kv.num_blocks)
+    need = blocks_needed(req.num_prompt_tokens, kv.reserve_for(req.num_prompt_tokens), 0,
+                         kv.block_size)
     return need + 1 + mark
 
 
@@ -65,3 +76,116 @@ def record(log: RoutingLog, now: float, rid: int, choice: int, loads: Sequence) 
     log.request_id.append(rid)
     log.replica.append(choice)
     log.outstanding.append([s.num_outstanding for s in loads])
+
+
+class GeneralSide:  # noqa: PLR0904 - the calls of the hand-off protocol
+    """A general-engine replica behind the calls ``DisaggDriver`` makes of either side
+    (``sim.engine.compiled_handoff.HandoffCompiled`` makes the same ones)."""
+
+    def __init__(self, rep: Replica, hold: bool) -> None:
+        self.rep = rep
+        self.index = rep.index
+        self.kv = rep.pool.config
+        self.watermark = float(getattr(rep.policy, "watermark", 0.0))
+        self.slot_capacity = rep.policy.slot_capacity
+        self.max_model_len = rep.max_model_len
+        self._settled: list[tuple[float, int, bool]] = []
+        rep.hold_kv = hold
+        rep.listener = self._on_event
+
+    def _on_event(self, ev: ReplicaEvent) -> None:
+        if ev.kind in ("finish", "rejected"):
+            self._settled.append((ev.time_s, ev.request_id, ev.kind == "finish"))
+
+    def advance_until(self, t: float) -> None:
+        """``Replica.advance_until``."""
+        self.rep.advance_until(t)
+
+    def plan_at(self, ahead: float) -> None:
+        """Let the replica plan at the instant just before ``ahead`` when it may."""
+        rep = self.rep
+        if rep.flight is None and not rep.idle and not rep.done:
+            rep.advance_until(ahead)
+
+    def admit(self, request: Request) -> None:
+        """``Replica.admit``."""
+        self.rep.admit(request)
+
+    def close(self) -> None:
+        """``Replica.close``."""
+        self.rep.close()
+
+    def router_load(self, now_s: float, weight: float = 1.0, group: str = "") -> ReplicaLoad:
+        """``sim.cluster.loads.replica_load``."""
+        return replica_load(self.rep, now_s, weight, group)
+
+    def settled(self, t: float) -> list[tuple[float, int, bool]]:
+        """``(time, request id, finished)`` of the requests that settled since the last call
+        (by ``t``: a step is committed at its end)."""
+        out, self._settled = self._settled, []
+        return out
+
+    def release_held(self, request_id: int) -> None:
+        """``sim.engine.drive.release_held``."""
+        release_held(self.rep, request_id)
+
+    def reserve_kv(self, request: Request, num_tokens: int, first_token_s: float) -> None:
+        """``sim.engine.drive.reserve_kv``."""
+        reserve_kv(self.rep, request, num_tokens, first_token_s)
+
+    def land_kv(self, request_id: int) -> None:
+        """``sim.engine.drive.land_kv``."""
+        land_kv(self.rep, request_id)
+
+    def drop_landed_kv(self, now: float | None) -> bool:
+        """With nothing running or in flight and requests queued, preempt the newest waiting
+        request that brought its KV (``sim.engine.drive.drop_landed_kv``) at ``now`` (None:
+        where the replica stopped); False when there is none."""
+        rep = self.rep
+        if rep.flight is None and not rep.running and (rep.preempted or rep.waiting):
+            landed = [sid for sid, s in rep.waiting.items() if s.num_blocks]
+            if landed:
+                drop_landed_kv(rep, landed[-1], rep.clock if now is None else now)
+                return True
+        return False
+
+    @property
+    def incoming(self) -> dict:
+        """Requests whose blocks are reserved here while their KV is in transit."""
+        return self.rep.incoming
+
+    def used_blocks(self, now_s: float) -> int:
+        """KV blocks in use at ``now_s``."""
+        return kv_used_blocks(self.rep, now_s)
+
+    def num_there(self, now_s: float) -> int:
+        """Requests on the replica or in transit to it (queued, running, reserved)."""
+        rep = self.rep
+        return (len(rep.running) + len(rep.waiting) + len(rep.preempted) + len(rep.pending)
+                + len(rep.incoming))
+
+    def has_preempted(self) -> bool:
+        """A preempted request waits to be recomputed."""
+        return bool(self.rep.preempted)
+
+    def next_time(self) -> float:
+        """When the replica next plans on its own (its step in flight ends, or it wakes)."""
+        rep = self.rep
+        if rep.flight is not None:
+            return rep.flight.end_s
+        return rep.wake_s if rep.idle and not rep.done else math.inf
+
+    def is_empty(self, now_s: float) -> bool:
+        """Nothing queued, running, held or in flight: a prefill replica may be closed."""
+        rep = self.rep
+        return rep.accepting and not (rep.held or rep.waiting or rep.running or rep.preempted
+                                      or rep.pending)
+
+    @property
+    def done(self) -> bool:
+        """Cut short (horizon or wall-clock budget)."""
+        return self.rep.done
+
+
+#: A replica on either side of the hand-off: general engine or compiled interpreter.
+Side = Any

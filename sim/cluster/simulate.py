@@ -103,7 +103,9 @@ def _simulate_cluster(requests: Sequence[Request] | TraceArrays, policy: Any, co
                       cost_keys: Mapping[str, Any] | None, options: dict[str, Any]
                       ) -> SimResult:
     """A heterogeneous deployment (``sim.cluster.deployment``)."""
-    options.pop("fast_path", None)  # a cluster always takes the general engine
+    # groups of mixed replicas take the general engine; disaggregated pools the compiled
+    # interpreter where it covers them (``sim.cluster.disagg_run.engine_blocker``)
+    fast_path = options.pop("fast_path", True)
     groups = parse_groups(cluster, policy=policy if policy is not None else "continuous",
                           kv=kv, cost=cost, cost_keys=cost_keys)
     chosen = make_router(router if router is not None else "round_robin")
@@ -115,6 +117,6 @@ def _simulate_cluster(requests: Sequence[Request] | TraceArrays, policy: Any, co
         except InputError as e:  # name the key it came from
             raise InputError(e.problem, field=f"cluster.decode_{e.field or 'router'}") from None
         disagg = {"decode_router": second, "network": cluster.get("network"),
-                  "decode_rng": router_rng(seed, DECODE_ROUTER_STREAM)}
+                  "decode_rng": router_rng(seed, DECODE_ROUTER_STREAM), "fast_path": fast_path}
     return simulate_groups(requests, groups, chosen, seed, rng=router_rng(seed), disagg=disagg,
                            **options)

@@ -23,6 +23,7 @@ import numpy as np
 from sim.core.rules import blocks_for, blocks_needed
 from sim.core.types import BatchShape, Plan
 from sim.cost.base import StepSeries
+from sim.engine.drive import kv_changes_after
 from sim.engine.skipping import (
     MAX_SKIP_STEPS,
     blocks_grown,
@@ -89,7 +90,8 @@ def commit_batch_run(rep: Replica, plan: Plan, series: StepSeries, ends: np.ndar
     alive = n - before(np.ones(n))
     grown = blocks_grown(computed, held, bs, k, last)  # given out up to each step
     final = np.maximum(blocks_for(computed + last, bs) - held, 0)  # each row's growth
-    used = pool.used + grown - before((held + final).astype(np.float64))  # held while it ran
+    used = (pool.used + grown - before((held + final).astype(np.float64))  # held while it ran
+            - kv_changes_after(rep, ends))
     # live tokens: every running request's, less those of the rows gone, plus the steps'
     live = rep.live_tokens() - before(computed.astype(np.float64)) + alive * np.arange(1, k + 1)
     worst = np.maximum.accumulate(seconds)  # each row's longest gap: its run's longest step

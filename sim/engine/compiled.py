@@ -75,7 +75,7 @@ class CompiledReplica:
 
     def __init__(self, spec: SchedulingSpec, cost: Any, kv: KVConfig, *,
                  max_model_len: int | None = None, horizon_s: float | None = None,
-                 name: str = "scheduler") -> None:
+                 name: str = "scheduler", hold: bool = False) -> None:
         from sim.engine import compiled_loop as loop  # numba compiles or loads the loop here
 
         self.loop, self.spec, self.cost, self.kv, self.name = loop, spec, cost, kv, name
@@ -97,6 +97,7 @@ class CompiledReplica:
         p[slots.P_LAYERS] = cost.model.num_layers if roofline else 1
         p[slots.P_TP] = cost.tp if roofline else 1
         p[slots.P_HAS_HORIZON] = int(horizon_s is not None)
+        p[slots.P_HOLD] = int(hold)  # finished requests keep their KV (compiled_handoff)
         self.params_i = p
         self.params_f = np.array([math.inf if horizon_s is None else horizon_s])
         self.analytic = np.array(

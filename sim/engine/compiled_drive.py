@@ -41,6 +41,10 @@ from sim.kv.config import KVConfig
 from sim.metrics.steplog import StepLog
 
 _BIG = 1 << 62  # no step allowance
+#: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
+#: notices changes to this file only: the sources it compiles in are pinned here
+#: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
+LOOP_SHA256 = "e274ddb4fd67e38221bb8cc591f31d042b29fd0c4e09e9a66befc770b423091f"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 
@@ -71,8 +75,8 @@ def load_now(req_i, req_f, running, hitems, pending, plan_idx, plan_n, log_i, st
     for h in range(n_pending):
         i = pending[h]
         _add(req_i, i, req_i[i, cp.RI_COMPUTED], req_i[i, cp.RI_GENERATED], False, out, 1)
-    for i in range(nxt, known):
-        out[Q_PREFILL] += req_i[i, cp.RI_PROMPT]
+    for i in range(nxt, known):  # a row that brought its KV has computed its prompt
+        _add(req_i, i, req_i[i, cp.RI_COMPUTED], req_i[i, cp.RI_GENERATED], False, out, 1)
     n_run = st_i[loop.S_N_RUN]
     out[Q_RUNNING] = n_run
     for r in range(n_run):

@@ -40,6 +40,7 @@ from sim.engine.compiled_plan import (
     RI_ENTRY,
     RI_GENERATED,
     RI_MAX_HELD,
+    RI_NEXT_SETTLED,
     RI_NPRE,
     RI_OUT,
     RI_PRIORITY,
@@ -78,6 +79,7 @@ from sim.engine.compiled_slots import (
     P_COMPOSITION,
     P_COST,
     P_HAS_HORIZON,
+    P_HOLD,
     P_LAYERS,
     P_LIMIT,
     P_MARK,
@@ -104,6 +106,8 @@ from sim.engine.compiled_slots import (
     S_NXT,
     S_PRE_SEQ,
     S_QUEUED,
+    S_SETTLED_FIRST,
+    S_SETTLED_LAST,
     S_STAMP,
     S_USED,
     SF_NOW,
@@ -114,20 +118,26 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "fe8c47adf69cbafadd6a15aaf684d1b241fd1641dd1d450c8f25142e2de245d8"
+RULES_SHA256 = "0280cacb6194da52aa53b9cb4a2dc2ad8368fcf86b68357c712ef0c8b0e79f17"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",
                 "sim/engine/compiled_slots.py")
 
 
-def rules_sha256() -> str:
-    """The hash of ``RULE_SOURCES`` as they are now (what ``RULES_SHA256`` must equal)."""
+def rules_sha256(sources: tuple[str, ...] = RULE_SOURCES) -> str:
+    """The hash of ``sources`` as they are now (of ``RULE_SOURCES``: what ``RULES_SHA256``
+    must equal)."""
     root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
-    for name in RULE_SOURCES:
+    for name in sources:
         digest.update((root / name).read_bytes())
     return digest.hexdigest()
+
+
+#: What a compiled function of another module that calls ``run`` compiles in (its own cache
+#: does not notice a change here either: ``compiled_drive.LOOP_SHA256`` pins them).
+LOOP_SOURCES = (*RULE_SOURCES, "sim/engine/compiled_loop.py")
 
 
 
@@ -145,12 +155,25 @@ def _irregular(irr: np.ndarray, irr_count: np.ndarray, n_irr: int, at: float, ga
 
 
 @njit(**KERNEL)
+def settled(req_i: np.ndarray, st_i: np.ndarray, params_i: np.ndarray, i: int) -> None:
+    """Chain request ``i``, which just finished or was rejected, after the last one that
+    settled, on a replica that lists them (``P_HOLD``; ``compiled_slots``)."""
+    if params_i[P_HOLD] == 0:
+        return
+    last = st_i[S_SETTLED_LAST]
+    if last:
+        req_i[last - 1, RI_NEXT_SETTLED] = i + 1
+    else:
+        st_i[S_SETTLED_FIRST] = i + 1
+    st_i[S_SETTLED_LAST] = i + 1
+
+
+@njit(**KERNEL)
 def _requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
              params_i: np.ndarray, hkeys: np.ndarray, hranks: np.ndarray, hitems: np.ndarray,
              pending: np.ndarray, now: float) -> None:
     """``_preempt`` (recompute): drop ``v``'s KV and queue it first (the newest preempted
-    leads), or reject it past ``kv.max_preemptions``; a recompute over a whole-prompt budget
-    is rejected by the next plan, as the reference does."""
+    leads), or reject it past ``kv.max_preemptions``."""
     st_i[S_LIVE] -= req_i[v, RI_COMPUTED]
     req_i[v, RI_COMPUTED] = 0
     st_i[S_USED] -= req_i[v, RI_BLOCKS]
@@ -160,7 +183,18 @@ def _requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
         req_i[v, RI_NPRE] += 1
         req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, PREEMPTED_TOO_OFTEN
         req_f[v, RF_FINISH] = now
+        settled(req_i, st_i, params_i, v)
         return
+    requeue(req_i, req_f, v, st_i, params_i, hkeys, hranks, hitems, pending)
+
+
+@njit(**KERNEL)
+def requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
+            params_i: np.ndarray, hkeys: np.ndarray, hranks: np.ndarray, hitems: np.ndarray,
+            pending: np.ndarray) -> None:
+    """Queue ``v``, whose KV was just dropped, as the newest preempted request (first in the
+    queue); a recompute over a whole-prompt budget is rejected by the next plan, as the
+    reference does."""
     req_i[v, RI_NPRE] += 1
     req_i[v, RI_STATUS] = WAITING
     unc = req_i[v, RI_PROMPT] + req_i[v, RI_GENERATED]
@@ -203,6 +237,7 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
     order, victim, kind = params_i[P_ORDER], params_i[P_VICTIM], params_i[P_COST]
     layers, tp = params_i[P_LAYERS], params_i[P_TP]
     has_horizon, horizon = params_i[P_HAS_HORIZON] != 0, params_f[PF_HORIZON]
+    hold = params_i[P_HOLD] != 0  # finished requests keep their KV (``settled``)
     headroom = plan_idx.shape[0] + 1  # irregular rows one step can write, at most
     steps = 0
     while True:
@@ -223,9 +258,11 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
             if entry != NO_REASON:
                 req_i[nxt, RI_STATUS], req_i[nxt, RI_REASON] = REJECTED, entry
                 req_f[nxt, RF_FINISH] = now
-            else:
+                settled(req_i, st_i, params_i, nxt)
+            else:  # keyed by its uncomputed tokens: a request that brought its KV has one
                 st_i[S_N_HEAP] = push(hkeys, hranks, hitems, st_i[S_N_HEAP], order_key(
-                    order, req_i[nxt, RI_PROMPT], req_i[nxt, RI_PRIORITY],
+                    order, req_i[nxt, RI_PROMPT] + req_i[nxt, RI_GENERATED]
+                    - req_i[nxt, RI_COMPUTED], req_i[nxt, RI_PRIORITY],
                     req_f[nxt, RF_DEADLINE]), nxt, nxt)
             nxt += 1
         st_i[S_NXT] = nxt
@@ -233,9 +270,10 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
             v = pending[j]
             req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, OVER_BUDGET
             req_f[v, RF_FINISH] = now
+            settled(req_i, st_i, params_i, v)
         st_i[S_N_PENDING] = 0
         n_run, n_heap = st_i[S_N_RUN], st_i[S_N_HEAP]
-        n_plan = 0
+        n_plan = n_pre = 0
         if n_run or n_heap:
             st_i[S_STAMP] += 1
             free = num_blocks - st_i[S_USED]
@@ -250,6 +288,12 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
                     plan_n, pre_idx, st_i[S_STAMP], max_seqs, max_tokens, free, mark, bs,
                     composition, victim)
             st_i[S_N_HEAP] = n_heap
+        if n_plan == 0 and n_pre:  # preemptions only: room for requests that brought their
+            for j in range(n_pre):  # KV (``Replica.begin``); plan again at the same instant
+                _requeue(req_i, req_f, pre_idx[j], st_i, params_i, hkeys, hranks, hitems,
+                         pending, now)
+            st_i[S_N_RUN] = _keep_running(req_i, running, n_run)
+            continue
         if n_plan == 0:  # idle: until the next arrival, or for good
             st_i[S_QUEUED] = n_heap
             if nxt < st_i[S_KNOWN]:
@@ -269,10 +313,12 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
         tokens = n_dec = kv_dec = pairs_all = kv_all = 0
         c_lo = c_hi = 0
         admitted = False
+        brought = 0  # computed tokens the admitted requests bring (their KV was sent here)
         for k in range(n_plan):
             i, n = plan_idx[k], plan_n[k]
             if req_i[i, RI_STATUS] != RUNNING:  # admitted: joins the batch
                 admitted = True
+                brought += req_i[i, RI_COMPUTED]
                 req_i[i, RI_STATUS] = RUNNING
                 if req_f[i, RF_FIRST_SCHED] != req_f[i, RF_FIRST_SCHED]:
                     req_f[i, RF_FIRST_SCHED] = now
@@ -322,7 +368,7 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
         # requests leave, a context that outgrew the cache too (what the step held and the
         # live tokens are logged as they were before anyone left) -------------------------
         regular = 0
-        live = st_i[S_LIVE] + tokens  # tokens whose KV the running requests hold
+        live = st_i[S_LIVE] + brought + tokens  # tokens whose KV the running requests hold
         logged_live = live
         left = False
         for k in range(n_plan):
@@ -351,10 +397,12 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
                     else:
                         n_irr = _irregular(irr, irr_count, n_irr, end, gap)
             if req_i[i, RI_STATUS] == FINISHED:
-                used -= req_i[i, RI_BLOCKS]
-                req_i[i, RI_BLOCKS] = 0
+                if not hold:  # else held until its KV has been sent
+                    used -= req_i[i, RI_BLOCKS]
+                    req_i[i, RI_BLOCKS] = 0
                 live -= c
                 left = True
+                settled(req_i, st_i, params_i, i)
             elif c >= capacity and (req_i[i, RI_PROMPT] + gen - c == 1
                                     and blocks_for(c + 1, bs) > num_blocks):
                 used -= req_i[i, RI_BLOCKS]
@@ -364,6 +412,7 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
                 req_i[i, RI_STATUS], req_i[i, RI_REASON] = REJECTED, OUTGREW
                 req_f[i, RF_FINISH] = end
                 left = True
+                settled(req_i, st_i, params_i, i)
         if left:
             n_run = _keep_running(req_i, running, n_run)
         # -- ``StepLog.record`` --------------------------------------------------------------
@@ -379,7 +428,8 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
         st_i[S_USED], st_i[S_N_RUN], st_i[S_LIVE] = used, n_run, live
         st_f[SF_NOW] = end
         steps += 1
-        if (n_pre == 0 and not admitted and not left and num_prefill == 0
+        # (a holding replica serves one-token requests, the prefill side: it never decodes)
+        if (n_pre == 0 and not admitted and not left and num_prefill == 0 and not hold
                 and st_i[S_N_PENDING] == 0 and n_log + 1 < log_i.shape[0]):
             steps += steady_stretch(req_i, req_f, plan_idx, n_plan, residues, params_i,
                                      params_f, analytic, terms, dense, log_i, log_f, log_b,

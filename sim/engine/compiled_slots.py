@@ -11,13 +11,17 @@ NO_REASON, ON_ARRIVAL, OVER_BUDGET, PREEMPTED_TOO_OFTEN, OUTGREW = 0, 1, 2, 3, 4
 DONE, STALLED, PAUSED, IDLE, LOG_FULL, IRR_FULL = 0, 1, 2, 3, 4, 5  # how ``run`` returned
 # slots of ``params_i`` / ``params_f``
 (P_BS, P_NUM_BLOCKS, P_CAPACITY, P_MAX_SEQS, P_MAX_TOKENS, P_MARK, P_LIMIT, P_COMPOSITION,
- P_WHOLE, P_CHUNK, P_ORDER, P_VICTIM, P_COST, P_LAYERS, P_TP, P_HAS_HORIZON) = range(16)
-NUM_PARAMS_I = 16
+ P_WHOLE, P_CHUNK, P_ORDER, P_VICTIM, P_COST, P_LAYERS, P_TP, P_HAS_HORIZON, P_HOLD) = range(17)
+NUM_PARAMS_I = 17
 PF_HORIZON = 0
 # slots of the state ``st_i`` / ``st_f``
 (S_NXT, S_KNOWN, S_ACCEPTING, S_N_RUN, S_N_HEAP, S_N_PENDING, S_PRE_SEQ, S_USED, S_N_LOG,
- S_N_IRR, S_STAMP, S_QUEUED, S_LIVE) = range(13)
-NUM_STATE_I = 13
+ S_N_IRR, S_STAMP, S_QUEUED, S_LIVE, S_SETTLED_FIRST, S_SETTLED_LAST) = range(15)
+NUM_STATE_I = 15
+# ``P_HOLD`` (the prefill side of a disaggregated cluster, ``sim.engine.compiled_handoff``): a
+# finished request keeps its blocks until released, and every request that settles (finishes
+# or is rejected) is chained in settling order: ``S_SETTLED_FIRST`` / ``S_SETTLED_LAST`` and
+# each row's ``RI_NEXT_SETTLED`` hold a request index + 1 (0: none).
 SF_NOW = 0
 # columns of the step log (``sim.engine.compiled.INT_COLUMNS`` / ``FLOAT_COLUMNS`` name them)
 L_SEQS, L_PREFILL, L_DECODE, L_RECOMPUTED, L_WAITING, L_USED, L_REGULAR, L_LIVE = range(8)

@@ -129,7 +129,9 @@ def reserve_kv(rep: Replica, request: Request, num_tokens: int, first_token_s: f
     seq.num_computed = seq.max_held = num_tokens
     seq.num_generated = 1
     seq.first_token_s = seq.last_token_s = first_token_s
+    before = rep.pool.used
     rep.pool.grow(seq, num_tokens)
+    _note_kv_change(rep, rep.pool.used - before)
     rep.seqs[request.id] = seq
     rep.incoming[request.id] = seq
     return seq
@@ -164,11 +166,35 @@ def drop_landed_kv(rep: Replica, request_id: int, now: float) -> None:
 def release_held(rep: Replica, request_id: int) -> None:
     """Free the KV a finished request kept on ``rep`` (``hold_kv``) once it has been sent, at
     the time ``rep`` was advanced to: an idle replica plans again (the blocks may admit)."""
+    before = rep.pool.used
     rep.pool.release(rep.held.pop(request_id))
+    _note_kv_change(rep, rep.pool.used - before)
     if rep.flight is None and rep.advanced_s > rep.clock:
         rep.clock = rep.advanced_s
     if rep.flight is None and not rep.done:
         rep.idle = False
+
+
+def _note_kv_change(rep: Replica, blocks: int) -> None:
+    """Remember a change of ``rep``'s blocks in use made while a skipped stretch is in flight
+    (``ReplicaSteps.kv_changes``)."""
+    flight = rep.flight
+    if blocks and flight is not None and flight.step is None:
+        rep.kv_changes.append((rep.advanced_s, blocks))
+
+
+def kv_changes_after(rep: ReplicaSteps, ends: np.ndarray) -> np.ndarray | int:
+    """Per step of a skipped stretch ending at ``ends``: the blocks the hand-off calls changed
+    at or after its end (``_note_kv_change``), which the pool now counts but the step, had it
+    been committed at its end as stepping does, would not have held; consumed here."""
+    changes = rep.kv_changes
+    if not changes:
+        return 0
+    out = np.zeros(len(ends), dtype=np.int64)
+    for t, blocks in changes:
+        out += blocks * (ends <= t)
+    changes.clear()
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,4 +268,5 @@ def emit_first_tokens(rep: ReplicaSteps, run: Mapping[int, int], end: float) -> 
 
 __all__ = ["EVENT_KINDS", "Outstanding", "ReplicaEvent", "ReplicaState", "admit",
            "advance_until", "drop_landed_kv", "kv_used_blocks", "land_kv", "outstanding",
-           "release_held", "reserve_kv", "emit_first_tokens", "replica_state"]
+           "release_held", "reserve_kv", "emit_first_tokens", "replica_state",
+           "kv_changes_after"]

@@ -180,8 +180,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                                     event_skipping=event_skipping) if fast_path
                   else "fast_path=False")
     if not reason:
-        reason = _size_blocker(len(cols["arrival_s"]), num_replicas, fast_path,
-                               routed=driver is not None)
+        reason = size_blocker(len(cols["arrival_s"]), num_replicas, fast_path,
+                              routed=driver is not None)
     engine = "general"
     if not reason and driver is not None:  # compiled replicas behind the driver (a router)
         from sim.engine.compiled_drive import Arrivals, run_driven
@@ -328,7 +328,7 @@ def _run_compiled(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy
                         replica=k, name=policy.name)
 
 
-def _size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False) -> str:
+def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False) -> str:
     """Why a run the compiled interpreter covers stays on the general engine anyway: asked
     to (``fast_path='interpreted'``), or too small to repay loading it ('' when it runs)."""
     if choice == "interpreted":

@@ -24,6 +24,7 @@ import numpy as np
 from sim.core.rules import blocks_for, blocks_needed
 from sim.core.types import BatchShape, PaddingRow, Plan
 from sim.cost.base import StepSeries, step_series
+from sim.engine.drive import kv_changes_after
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
@@ -153,7 +154,8 @@ def commit_skip(rep: Replica, plan: Plan, series: Any, ends: np.ndarray, compute
     bs = pool.config.block_size
     steps = np.arange(1, k + 1)
     grown = blocks_grown(computed, held, bs, k)  # allocated up to and including each step
-    used = pool.used + grown  # held by each step while it ran
+    # held by each step while it ran (less what a hand-off changed after it ended)
+    used = pool.used + grown - kv_changes_after(rep, ends)
     # Growth takes free blocks first, then evicts unreferenced cached prefix blocks.
     cached = pool.cached - np.maximum(grown - pool.free, 0)
     n = len(plan.run)

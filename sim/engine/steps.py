@@ -91,6 +91,9 @@ class ReplicaSteps:
         self.hold_kv = False
         self.held: dict[int, Seq] = {}
         self.incoming: dict[int, Seq] = {}
+        #: ``(time, blocks)`` those calls changed while a skipped stretch was in flight: each
+        #: of its steps logs the blocks it ended with, as stepping would (``kv_changes_after``).
+        self.kv_changes: list[tuple[float, int]] = []
 
     # -- state changes ------------------------------------------------------------------------
     def _pop_waiting(self, sid: int) -> Seq:

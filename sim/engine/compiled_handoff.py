@@ -1,0 +1,260 @@
+"""A compiled replica on either side of a KV hand-off (disaggregated prefill and decode).
+
+``HandoffCompiled`` is ``sim.engine.compiled_drive.DrivenCompiled`` with the general engine's
+hand-off calls (``sim.engine.drive``), exactly:
+
+- a **prefill** replica is built holding (``compiled_slots.P_HOLD``): a finished request keeps
+  its blocks, and every request that settles (finishes or is rejected) is chained in the
+  interpreter's arrays; ``settled(t)`` reads the chain up to ``t`` (the interpreter commits a
+  step as it launches it, so a step straddling ``t`` has settled requests not yet due), and
+  ``release_held`` frees the blocks once the KV has been sent;
+- a **decode** replica counts the blocks ``reserve_kv`` takes (no row yet: the request joins
+  nothing until its KV lands) and ``land_kv`` appends the request's row with its prompt
+  computed and its first token sampled elsewhere, due at the landing time, as an arrival is;
+  ``drop_landed_kv`` preempts a landed request that was never admitted (recompute).
+
+Each call made while the replica is idle moves its clock to the time it was advanced to (the
+general engine plans again there). A router's load is counted when it is read
+(``load_now``), as the general engine counts it; a step in flight logs the KV blocks it ends
+with (``_adjust``), as the general engine logs a step when it commits it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from sim.core.routing import ReplicaLoad
+from sim.core.rules import blocks_needed
+from sim.core.scheduling import SchedulingSpec
+from sim.core.types import Request
+from sim.engine import compiled_loop as loop
+from sim.engine import compiled_plan as cp
+from sim.engine import compiled_slots as slots
+from sim.engine.compiled_drive import (
+    Q_QUEUED,
+    Q_RUNNING,
+    Q_USED,
+    DrivenCompiled,
+    load_now,
+)
+from sim.engine.compiled_queue import push
+from sim.engine.coverage import spec_of
+from sim.kv.config import KVConfig
+
+
+class HandoffCompiled(DrivenCompiled):
+    """A compiled replica of a disaggregated cluster (module docstring)."""
+
+    def __init__(self, index: int, policy: Any, cost: Any, kv: KVConfig, *,
+                 max_model_len: int | None, hold: bool) -> None:
+        spec = spec_of(policy)
+        assert spec is not None  # the allow-list admitted only presets of the specification
+        super().__init__(index, spec, cost, kv, max_model_len=max_model_len,
+                         name=policy.name, order=[])
+        self.holds = hold  # the prefill side: its requests are of one output token
+        if hold:
+            self.rep.params_i[slots.P_HOLD] = 1
+        self.spec: SchedulingSpec = spec
+        self.kv = kv
+        self.watermark = float(spec.watermark)
+        self.slot_capacity = policy.slot_capacity
+        self.max_model_len = max_model_len
+        self.row: dict[int, int] = {}  # request id -> row in the interpreter's arrays
+        self.num_held = 0
+        self.incoming: dict[int, tuple[Request, int, float]] = {}  # id -> (req, blocks, t)
+        self._landed: list[tuple[Request, int, float, float]] = []  # rows not appended yet
+        self._cursor = 0  # the last settled row read, + 1
+        self._out = np.zeros(5, dtype=np.int64)
+
+    # -- the drive API, with the hand-off's rows ----------------------------------------------
+    def admit(self, request: Request) -> None:
+        """``sim.engine.drive.admit``."""
+        self.row[request.id] = len(self.ids)
+        super().admit(request)
+
+    def _run(self, t: float) -> None:
+        if self._landed:
+            self._args = None  # rows are appended: the arrays may grow
+        super()._run(t)
+
+    def _flush(self) -> None:
+        super()._flush()
+        landed, self._landed = self._landed, []
+        if not landed:
+            return
+        rep = self.rep
+        k = rep.num_requests
+        reqs = [r for r, _, _, _ in landed]
+        at = np.array([t for _, _, t, _ in landed])
+        prompt = np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64)
+        rep.append(at, prompt, np.array([r.num_output_tokens for r in reqs], dtype=np.int64),
+                   np.array([r.priority for r in reqs], dtype=np.int64))
+        n = k + len(landed)
+        ri, rf = rep.req_i[k:n], rep.req_f[k:n]
+        # ``reserve_kv``: the prompt computed, its first token sampled elsewhere
+        ri[:, cp.RI_COMPUTED] = ri[:, cp.RI_MAX_HELD] = prompt
+        ri[:, cp.RI_GENERATED] = 1
+        ri[:, cp.RI_BLOCKS] = [b for _, b, _, _ in landed]
+        ri[:, cp.RI_ENTRY] = slots.NO_REASON  # the driver refused what can never fit
+        for j in range(len(landed)):
+            rep.entry_reason.pop(k + j, None)
+        rf[:, cp.RF_FIRST_TOKEN] = rf[:, cp.RF_LAST_TOKEN] = [f for _, _, _, f in landed]
+        if self.spec.order == "edf" or self.spec.victim == "deadline":  # from the arrival
+            rf[:, cp.RF_DEADLINE] = [r.arrival_s + self.spec.target_s(r.priority)
+                                     for r in reqs]
+        for j, r in enumerate(reqs):
+            self.row[r.id] = k + j
+            self.ids.append(r.id)
+
+    def _poke(self) -> None:
+        """A hand-off call changed the replica: an idle one plans again where it was advanced
+        to (``sim.engine.drive.release_held``, ``land_kv``)."""
+        if self._idle and not self._closed:
+            st_f = self.rep.st_f
+            st_f[0] = max(st_f[0], self.advanced_s)
+            self._now = float(st_f[0])
+            self._idle = self._straddle = False
+
+    def _adjust(self, blocks: int) -> None:
+        """``blocks`` more (or fewer) blocks in use, from a hand-off call. The general engine
+        logs a step's blocks when it commits it, at its end: a step in flight (committed here
+        as it launched) logs them with this change."""
+        rep = self.rep
+        rep.st_i[slots.S_USED] += blocks
+        n_log = int(rep.st_i[slots.S_N_LOG])
+        if not self._idle and n_log and rep.st_f[0] > self.advanced_s:
+            rep.log_i[n_log - 1, slots.L_USED] += blocks
+
+    # -- the prefill side ---------------------------------------------------------------------
+    def settled(self, t: float) -> list[tuple[float, int, bool]]:
+        """``(time, request id, finished)`` of the requests that settled by ``t`` and were not
+        read before, in settling order."""
+        rep = self.rep
+        ri, rf = rep.req_i, rep.req_f
+        out = []
+        c = self._cursor
+        nxt = int(ri[c - 1, cp.RI_NEXT_SETTLED]) if c else int(rep.st_i[slots.S_SETTLED_FIRST])
+        while nxt:
+            i = nxt - 1
+            at = float(rf[i, cp.RF_FINISH])
+            if at > t:
+                break
+            finished = int(ri[i, cp.RI_STATUS]) == slots.FINISHED
+            self.num_held += finished
+            out.append((at, self.ids[i], finished))
+            c = nxt
+            nxt = int(ri[i, cp.RI_NEXT_SETTLED])
+        self._cursor = c
+        return out
+
+    def release_held(self, request_id: int) -> None:
+        """``sim.engine.drive.release_held``."""
+        i = self.row[request_id]
+        ri = self.rep.req_i
+        self._adjust(-int(ri[i, cp.RI_BLOCKS]))
+        ri[i, cp.RI_BLOCKS] = 0
+        self.num_held -= 1
+        self._poke()
+
+    # -- the decode side ----------------------------------------------------------------------
+    def reserve_kv(self, request: Request, num_tokens: int, first_token_s: float) -> None:
+        """``sim.engine.drive.reserve_kv``."""
+        need = blocks_needed(num_tokens, self.kv.reserve_for(request.num_prompt_tokens), 0,
+                             self.block_size)
+        self.incoming[request.id] = (request, need, first_token_s)
+        self._adjust(need)
+
+    def land_kv(self, request_id: int) -> None:
+        """``sim.engine.drive.land_kv``: the row is appended at the next run, due now."""
+        req, need, first = self.incoming.pop(request_id)
+        self._landed.append((req, need, self.advanced_s, first))
+        self._poke()
+
+    def drop_landed_kv(self, now: float | None) -> bool:
+        """``DisaggDriver._break_stall`` on this replica: with nothing running or in flight and
+        requests queued, preempt the newest queued request that holds landed KV
+        (``sim.engine.drive.drop_landed_kv``) at ``now`` (None: where the replica stopped);
+        False when there is none."""
+        rep = self.rep
+        st_i, ri = rep.st_i, rep.req_i
+        n_heap = int(st_i[slots.S_N_HEAP])
+        if self._straddle or st_i[slots.S_N_RUN] or not n_heap:
+            return False
+        items = rep.hitems[:n_heap]
+        landed = items[(rep.hranks[:n_heap] >= 0) & (ri[items, cp.RI_BLOCKS] > 0)]
+        if not len(landed):
+            return False
+        v = int(landed.max())  # the newest to join the queue
+        keys, ranks = rep.hkeys[:n_heap].copy(), rep.hranks[:n_heap].copy()
+        kept = items != v
+        size = 0
+        for key, rank, item in zip(keys[kept].tolist(), ranks[kept].tolist(),
+                                   items[kept].tolist(), strict=True):
+            size = push(rep.hkeys, rep.hranks, rep.hitems, size, key, rank, item)
+        st_i[slots.S_N_HEAP] = size
+        st_i[slots.S_USED] -= ri[v, cp.RI_BLOCKS]
+        ri[v, cp.RI_BLOCKS] = ri[v, cp.RI_COMPUTED] = 0
+        loop.requeue(rep.req_i, rep.req_f, v, st_i, rep.params_i, rep.hkeys, rep.hranks,
+                     rep.hitems, rep.pending)
+        self._args = None
+        if self._idle:  # it plans again at ``now`` (None: where it stopped)
+            if now is not None:
+                rep.st_f[0] = max(rep.st_f[0], now)
+            self._now = float(rep.st_f[0])
+            self._idle = False
+        return True
+
+    def plan_at(self, ahead: float) -> None:
+        """Plan at the instant just before ``ahead`` (when there is anything to plan)."""
+        self.advance_until(ahead)
+
+    # -- what the driver reads ----------------------------------------------------------------
+    def _counted(self, now_s: float) -> np.ndarray:
+        rep, out = self.rep, self._out
+        load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
+                 rep.plan_n, rep.log_i, rep.st_i, rep.st_f, now_s, out)
+        return out
+
+    def used_blocks(self, now_s: float) -> int:
+        """KV blocks in use at ``now_s``, as the general engine's pool counts them."""
+        return int(self._counted(now_s)[Q_USED])
+
+    def router_load(self, now_s: float, weight: float = 1.0, group: str = "") -> ReplicaLoad:
+        """``sim.cluster.loads.replica_load``, counted now (hand-off calls change it)."""
+        queued, running, prefill, decoding, used = self._counted(now_s).tolist()
+        return ReplicaLoad(self.index, queued + len(self._buf) + len(self._landed), running,
+                           prefill + self._buf_prompt, decoding, used, self.kv_total_blocks,
+                           weight, group, now_s)
+
+    def num_there(self, now_s: float) -> int:
+        """Requests on the replica or in transit to it (queued, running, reserved)."""
+        out = self._counted(now_s)
+        return (int(out[Q_QUEUED] + out[Q_RUNNING]) + len(self._buf) + len(self._landed)
+                + len(self.incoming))
+
+    def has_preempted(self) -> bool:
+        """A preempted request waits to be recomputed."""
+        rep = self.rep
+        n_heap = int(rep.st_i[slots.S_N_HEAP])
+        return bool(rep.st_i[slots.S_N_PENDING]) or bool((rep.hranks[:n_heap] < 0).any())
+
+    @property
+    def done(self) -> bool:
+        """Closed with nothing left (no horizon or wall-clock budget here: the builder keeps
+        such runs on the general engine)."""
+        st_i = self.rep.st_i
+        return bool(self._closed and not self._buf and not self._landed
+                    and not st_i[slots.S_N_RUN] and not st_i[slots.S_N_HEAP]
+                    and not st_i[slots.S_N_PENDING] and st_i[slots.S_NXT] == st_i[slots.S_KNOWN])
+
+    def next_time(self) -> float:
+        """When the replica next plans on its own (its step in flight ends); inf when idle
+        or done."""
+        return math.inf if self._idle or self.done else self._now
+
+    def is_empty(self, now_s: float) -> bool:
+        """Nothing queued, running, held or in flight: a prefill replica may be closed."""
+        return (not self._closed and not self.num_held and not self._buf
+                and not self._straddle and self.num_there(now_s) == 0)
