@@ -19,10 +19,8 @@ run, and the router decides, exactly as on the per-arrival path.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,18 +50,14 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "1e5f0321c9ff2b3c3889496131d3319486fc2c2fd6ede268a7d26b71dda466ef"
+ROUTE_SHA256 = "05721913dc4e7ebc49037816aab4b9433b05e0a73c3b0a996ec29848bd70d277"
 ROUTE_SOURCES = ("sim/core/load_arrays.py", "sim/engine/compiled_drive.py",
                  "sim/engine/compiled_loop.py")
 
 
 def route_sha256() -> str:
     """The hash of ``ROUTE_SOURCES`` as they are now (what ``ROUTE_SHA256`` must equal)."""
-    root = Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256()
-    for name in ROUTE_SOURCES:
-        digest.update((root / name).read_bytes())
-    return digest.hexdigest()
+    return loop.rules_sha256(ROUTE_SOURCES)
 
 
 _must_run = jit_rule(must_run, inline=True)
