@@ -40,7 +40,7 @@ from sim.cluster.loads import LoadBoard
 from sim.cluster.network import Network
 from sim.cluster.routed import PrefixChains, RoutingLog, arrival_of
 from sim.core.errors import InputError
-from sim.core.routing import ReplicaLoad
+from sim.core.load_arrays import WAITING, Loads
 from sim.core.types import Request
 from sim.engine.replica import never_fits
 from sim.engine.validate import EngineError
@@ -181,7 +181,7 @@ class DisaggDriver:
     # -- what happens at one instant ----------------------------------------------------------
     def _route_prefill(self, k: int, now: float) -> None:
         req = self.reqs[k]
-        loads = self.board.read(now)
+        loads = self.board.read_loads(now)
         choice = self.router.route(arrival_of(req, self.chains), loads)
         if not 0 <= choice < len(self.prefill):
             raise RuntimeError(f"router {self.router.name!r} chose prefill replica {choice} "
@@ -229,11 +229,13 @@ class DisaggDriver:
             moved = rep.drop_landed_kv(now) or moved
         return moved
 
-    def _decode_loads(self, now: float) -> list[ReplicaLoad]:
+    def _decode_loads(self, now: float) -> Loads:
         """Decode replicas' loads, counting requests queued for or in transfer as waiting."""
-        return [replace(load, num_waiting=load.num_waiting + len(q) + len(rep.incoming))
-                for load, q, rep in zip(self.decode_board.read(now), self.queues, self.decode,
-                                        strict=True)]
+        read = self.decode_board.read_loads(now)
+        counts = read.counts.copy()  # the board's reading may be handed out again
+        counts[:, WAITING] += [len(q) + len(rep.incoming)
+                               for q, rep in zip(self.queues, self.decode, strict=True)]
+        return Loads(counts, read.weight, read.kv_total, read.measured_s, read.groups)
 
     def _reserve(self, now: float) -> None:
         """Start every transfer whose decode replica can reserve its blocks now (in order).

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
-from sim.cluster.loads import replica_load
+from sim.cluster.loads import kv_total_blocks, replica_load
 from sim.cluster.routed import RoutingLog
+from sim.core.load_arrays import RUNNING, WAITING, Loads
 from sim.core.routing import ReplicaLoad
 from sim.core.rules import blocks_needed, watermark_blocks
 from sim.core.types import Request
@@ -75,7 +76,10 @@ def record(log: RoutingLog, now: float, rid: int, choice: int, loads: Sequence) 
     log.time_s.append(now)
     log.request_id.append(rid)
     log.replica.append(choice)
-    log.outstanding.append([s.num_outstanding for s in loads])
+    if isinstance(loads, Loads):  # each ``ReplicaLoad.num_outstanding``, of the arrays
+        log.outstanding.append((loads.counts[:, WAITING] + loads.counts[:, RUNNING]).tolist())
+    else:
+        log.outstanding.append([s.num_outstanding for s in loads])
 
 
 class GeneralSide:  # noqa: PLR0904 - the calls of the hand-off protocol
@@ -86,6 +90,7 @@ class GeneralSide:  # noqa: PLR0904 - the calls of the hand-off protocol
         self.rep = rep
         self.index = rep.index
         self.kv = rep.pool.config
+        self.kv_total_blocks = kv_total_blocks(self.kv)
         self.watermark = float(getattr(rep.policy, "watermark", 0.0))
         self.slot_capacity = rep.policy.slot_capacity
         self.max_model_len = rep.max_model_len
@@ -118,6 +123,10 @@ class GeneralSide:  # noqa: PLR0904 - the calls of the hand-off protocol
     def router_load(self, now_s: float, weight: float = 1.0, group: str = "") -> ReplicaLoad:
         """``sim.cluster.loads.replica_load``."""
         return replica_load(self.rep, now_s, weight, group)
+
+    def load_counts(self, now_s: float) -> list[int]:
+        """``router_load``'s counts (``sim.core.load_arrays.Loads.counts``'s columns)."""
+        return Loads.of([replica_load(self.rep, now_s)]).counts[0].tolist()
 
     def settled(self, t: float) -> list[tuple[float, int, bool]]:
         """``(time, request id, finished)`` of the requests that settled since the last call

@@ -33,6 +33,7 @@ from sim.engine import compiled_loop as loop
 from sim.engine import compiled_plan as cp
 from sim.engine import compiled_slots as slots
 from sim.engine.compiled_drive import (
+    Q_PREFILL,
     Q_QUEUED,
     Q_RUNNING,
     Q_USED,
@@ -67,6 +68,10 @@ class HandoffCompiled(DrivenCompiled):
         self._landed: list[tuple[Request, int, float, float]] = []  # rows not appended yet
         self._cursor = 0  # the last settled row read, + 1
         self._out = np.zeros(5, dtype=np.int64)
+        # ``load_now``'s count at ``_memo_t`` (nan: none), a function of the arrays and the
+        # time only: kept until the replica runs or a hand-off call changes it (``_changed``)
+        self._memo: list[int] = []
+        self._memo_t = math.nan
 
     # -- the drive API, with the hand-off's rows ----------------------------------------------
     def admit(self, request: Request) -> None:
@@ -78,6 +83,16 @@ class HandoffCompiled(DrivenCompiled):
         if self._landed:
             self._args = None  # rows are appended: the arrays may grow
         super()._run(t)
+        self._memo, self._memo_t = self._cached, t  # ``_run`` counted the load at ``t``
+
+    def _changed(self) -> None:
+        """A hand-off call changed the arrays: the load is counted again when read."""
+        self._memo_t = math.nan
+
+    def close(self) -> None:
+        """``DrivenCompiled.close`` (the load is counted again)."""
+        self._changed()
+        super().close()
 
     def _flush(self) -> None:
         super()._flush()
@@ -111,6 +126,7 @@ class HandoffCompiled(DrivenCompiled):
     def _poke(self) -> None:
         """A hand-off call changed the replica: an idle one plans again where it was advanced
         to (``sim.engine.drive.release_held``, ``land_kv``)."""
+        self._changed()
         if self._idle and not self._closed:
             st_f = self.rep.st_f
             st_f[0] = max(st_f[0], self.advanced_s)
@@ -121,6 +137,7 @@ class HandoffCompiled(DrivenCompiled):
         """``blocks`` more (or fewer) blocks in use, from a hand-off call. The general engine
         logs a step's blocks when it commits it, at its end: a step in flight (committed here
         as it launched) logs them with this change."""
+        self._changed()
         rep = self.rep
         rep.st_i[slots.S_USED] += blocks
         n_log = int(rep.st_i[slots.S_N_LOG])
@@ -177,6 +194,7 @@ class HandoffCompiled(DrivenCompiled):
         requests queued, preempt the newest queued request that holds landed KV
         (``sim.engine.drive.drop_landed_kv``) at ``now`` (None: where the replica stopped);
         False when there is none."""
+        self._changed()
         rep = self.rep
         st_i, ri = rep.st_i, rep.req_i
         n_heap = int(st_i[slots.S_N_HEAP])
@@ -211,27 +229,36 @@ class HandoffCompiled(DrivenCompiled):
         self.advance_until(ahead)
 
     # -- what the driver reads ----------------------------------------------------------------
-    def _counted(self, now_s: float) -> np.ndarray:
-        rep, out = self.rep, self._out
-        load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
-                 rep.plan_n, rep.log_i, rep.st_i, rep.st_f, now_s, out)
-        return out
+    def _counted(self, now_s: float) -> list[int]:
+        """``load_now`` at ``now_s`` (``Q_*`` slots), counted once per instant and state."""
+        if now_s != self._memo_t:
+            rep, out = self.rep, self._out
+            load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
+                     rep.plan_n, rep.log_i, rep.st_i, rep.st_f, now_s, out)
+            self._memo, self._memo_t = out.tolist(), now_s
+        return self._memo
 
     def used_blocks(self, now_s: float) -> int:
         """KV blocks in use at ``now_s``, as the general engine's pool counts them."""
-        return int(self._counted(now_s)[Q_USED])
+        return self._counted(now_s)[Q_USED]
+
+    def load_counts(self, now_s: float) -> list[int]:
+        """``router_load``'s counts (``sim.core.load_arrays.Loads.counts``'s columns)."""
+        counts = self._counted(now_s).copy()
+        counts[Q_QUEUED] += len(self._buf) + len(self._landed)
+        counts[Q_PREFILL] += self._buf_prompt
+        return counts
 
     def router_load(self, now_s: float, weight: float = 1.0, group: str = "") -> ReplicaLoad:
         """``sim.cluster.loads.replica_load``, counted now (hand-off calls change it)."""
-        queued, running, prefill, decoding, used = self._counted(now_s).tolist()
-        return ReplicaLoad(self.index, queued + len(self._buf) + len(self._landed), running,
-                           prefill + self._buf_prompt, decoding, used, self.kv_total_blocks,
-                           weight, group, now_s)
+        queued, running, prefill, decoding, used = self.load_counts(now_s)
+        return ReplicaLoad(self.index, queued, running, prefill, decoding, used,
+                           self.kv_total_blocks, weight, group, now_s)
 
     def num_there(self, now_s: float) -> int:
         """Requests on the replica or in transit to it (queued, running, reserved)."""
         out = self._counted(now_s)
-        return (int(out[Q_QUEUED] + out[Q_RUNNING]) + len(self._buf) + len(self._landed)
+        return (out[Q_QUEUED] + out[Q_RUNNING] + len(self._buf) + len(self._landed)
                 + len(self.incoming))
 
     def has_preempted(self) -> bool:
