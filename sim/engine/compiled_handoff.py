@@ -68,10 +68,12 @@ class HandoffCompiled(DrivenCompiled):
         self._landed: list[tuple[Request, int, float, float]] = []  # rows not appended yet
         self._cursor = 0  # the last settled row read, + 1
         self._out = np.zeros(5, dtype=np.int64)
-        # ``load_now``'s count at ``_memo_t`` (nan: none), a function of the arrays and the
-        # time only: kept until the replica runs or a hand-off call changes it (``_changed``)
-        self._memo: list[int] = []
-        self._memo_t = math.nan
+        # ``load_now``'s count, kept until the replica runs or a hand-off call changes it
+        # (``_changed``; None: count again). Between those the count is the same at every
+        # instant the driver reads it: a replica whose count would differ at ``t`` (its step
+        # in flight ended by then) is run at ``t`` first (``must_run``), as the load a
+        # routed ``DrivenCompiled`` hands out relies on
+        self._memo: list[int] | None = None
 
     # -- the drive API, with the hand-off's rows ----------------------------------------------
     def admit(self, request: Request) -> None:
@@ -83,11 +85,11 @@ class HandoffCompiled(DrivenCompiled):
         if self._landed:
             self._args = None  # rows are appended: the arrays may grow
         super()._run(t)
-        self._memo, self._memo_t = self._cached, t  # ``_run`` counted the load at ``t``
+        self._memo = self._cached  # ``_run`` counted the load at ``t``
 
     def _changed(self) -> None:
         """A hand-off call changed the arrays: the load is counted again when read."""
-        self._memo_t = math.nan
+        self._memo = None
 
     def close(self) -> None:
         """``DrivenCompiled.close`` (the load is counted again)."""
@@ -230,12 +232,12 @@ class HandoffCompiled(DrivenCompiled):
 
     # -- what the driver reads ----------------------------------------------------------------
     def _counted(self, now_s: float) -> list[int]:
-        """``load_now`` at ``now_s`` (``Q_*`` slots), counted once per instant and state."""
-        if now_s != self._memo_t:
+        """``load_now`` at ``now_s`` (``Q_*`` slots), counted once per state (``_memo``)."""
+        if self._memo is None:
             rep, out = self.rep, self._out
             load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
                      rep.plan_n, rep.log_i, rep.st_i, rep.st_f, now_s, out)
-            self._memo, self._memo_t = out.tolist(), now_s
+            self._memo = out.tolist()
         return self._memo
 
     def used_blocks(self, now_s: float) -> int:
