@@ -79,6 +79,7 @@ class DisaggDriver:
         self.chains = PrefixChains(self.block_tokens)
         self.reqs = reqs
         self.pos = {r.id: k for k, r in enumerate(reqs)}
+        self.admitted: dict[int, Request] = {}  # what each prefill replica was handed, by id
         self.out = TransferLog.empty(len(reqs))
         self.env = simpy.Environment()
         self.net = Network(self.env, self.topology.links)
@@ -188,7 +189,9 @@ class DisaggDriver:
                                f"of {len(self.prefill)}")
         record(self.log, now, req.id, choice, loads)
         self.out.prefill_replica[k] = choice
-        self.prefill[choice].admit(replace(req, num_output_tokens=1))
+        prefill = replace(req, num_output_tokens=1)  # its prompt and first token only
+        self.admitted[req.id] = prefill
+        self.prefill[choice].admit(prefill)
 
     def _hand_over(self, now: float) -> None:
         """Route each prefill that finished by ``now`` to a decode replica's reservation

@@ -12,7 +12,6 @@ wait for the decode replica, so TPOT and ITL include them, as a client sees them
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -118,21 +117,21 @@ def run_disagg(reqs: list[Request], groups: list[Group], router: Router, decode_
     pre: dict[int, Seq] = {}
     dec: dict[int, Seq] = {}
     logs = [log]
+    by_id = {r.id: r for r in reqs}
     for k, side in enumerate(replicas):
         seqs = pre if k < n_p else dec
         if isinstance(side, GeneralSide):
             seqs.update(side.rep.seqs)
             continue
         logs.append(StepLog())
-        seqs.update(compiled_seqs(side, reqs, driver.pos, logs[-1]))
+        seqs.update(compiled_seqs(side, driver.admitted if side.holds else by_id, logs[-1]))
     driver.reasons = reasons
     return joined_table(reqs, pre, dec, moved), replicas, owner, driver, logs
 
 
-def compiled_seqs(side: Any, reqs: Sequence[Request], pos: dict[int, int], log: StepLog
-                  ) -> dict[int, Seq]:
+def compiled_seqs(side: Any, handed: Mapping[int, Request], log: StepLog) -> dict[int, Seq]:
     """The final request states of a compiled replica (``Seq`` values, as the general
-    engine's), its steps handed to ``log``."""
+    engine's; ``handed``: the requests it was handed, by id), its steps handed to ``log``."""
     from sim.engine.compiled_run import hand_over
 
     out = hand_over(side.rep, log, side.index)
@@ -142,8 +141,7 @@ def compiled_seqs(side: Any, reqs: Sequence[Request], pos: dict[int, int], log: 
     itl = out.max_itl_s.tolist()
     npre, gen = out.num_preemptions.tolist(), out.num_generated.tolist()
     for j, rid in enumerate(side.ids):
-        req = reqs[pos[rid]]
-        seq = Seq(req if not side.holds else replace(req, num_output_tokens=1), side.index)
+        seq = Seq(handed[rid], side.index)
         seq.first_scheduled_s, seq.first_token_s = first_sched[j], first_tok[j]
         seq.finish_s, seq.max_itl_s = finish[j], itl[j]
         seq.num_preemptions, seq.num_generated = npre[j], gen[j]
