@@ -273,11 +273,18 @@ class DisaggDriver:
         if self.env.now < now:  # the links' clock catches up with the cluster's
             self.env.run(until=now)
         src, dst = p, len(self.prefill) + d
-        events = [self.net.transfer(path, b) for path, b in
-                  self.topology.flows(src, dst, nbytes)]
+        flows = self.topology.flows(src, dst, nbytes)  # one at least (TP >= 1 on both sides)
         self.in_flight += 1
-        done = self.env.all_of(events)
-        done.callbacks.append(lambda _: self._on_landed(k))
+        # landed with its last flow: a count, not a SimPy condition (one event fewer); the
+        # landing is still taken in at the end of that instant (``_next_time``)
+        left = [len(flows)]
+
+        def flow_done(_: simpy.Event) -> None:
+            left[0] -= 1
+            if not left[0]:
+                self._on_landed(k)
+        for path, b in flows:
+            self.net.transfer(path, b).callbacks.append(flow_done)
 
     def _land(self, now: float) -> None:
         """KV that landed by ``now``: freed on the prefill side, queued on the decode side."""
