@@ -167,9 +167,11 @@ class DisaggDriver:
         if t < math.inf:
             timer = env.timeout(max(0.0, t - env.now))
             timer.callbacks.append(lambda _: trigger(wake))
-        env.run(until=wake)
+        step = env.step
+        while wake.callbacks is not None:  # ``env.run(until=wake)``, without its exception
+            step()
         while env.peek() <= env.now:  # every landing at this same instant
-            env.step()
+            step()
         # the links keep their own float clock: never before the instant after ``now`` (the
         # replicas may have been advanced to it to plan at ``now``)
         return max(env.now if self.landed else t, math.nextafter(now, math.inf))
