@@ -12,7 +12,7 @@ import simpy
 
 from sim.cluster.loads import kv_total_blocks, replica_load
 from sim.cluster.routed import RoutingLog
-from sim.core.load_arrays import RUNNING, WAITING, Loads
+from sim.core.load_arrays import Loads, outstanding_of
 from sim.core.routing import ReplicaLoad
 from sim.core.rules import blocks_needed, watermark_blocks
 from sim.core.types import Request
@@ -77,7 +77,7 @@ def record(log: RoutingLog, now: float, rid: int, choice: int, loads: Sequence) 
     log.request_id.append(rid)
     log.replica.append(choice)
     if isinstance(loads, Loads):  # each ``ReplicaLoad.num_outstanding``, of the arrays
-        log.outstanding.append((loads.counts[:, WAITING] + loads.counts[:, RUNNING]).tolist())
+        log.outstanding.append(outstanding_of(loads.counts).tolist())
     else:
         log.outstanding.append([s.num_outstanding for s in loads])
 
