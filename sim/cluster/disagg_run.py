@@ -20,13 +20,14 @@ import pandas as pd
 from policies import make_policy
 from routers import Router
 from sim.cluster.disagg import DisaggDriver
-from sim.cluster.groups import Group, capacity_weights
+from sim.cluster.groups import Group, replica_weights
 from sim.cluster.handoff import GeneralSide, TransferLog
 from sim.cluster.kv_links import build_topology
 from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
 from sim.engine.coverage import fast_path_blocker
+from sim.engine.inputs import model_len_limit
 from sim.engine.replica import Replica
 from sim.kv.config import replica_kv_bytes_per_token, resolve_kv
 from sim.metrics.summary import StepLog, request_table
@@ -46,9 +47,7 @@ def build_replicas(groups: list[Group], log: StepLog, options: dict[str, Any],
     for role in ("prefill", "decode"):
         for g in (g for g in groups if g.role == role):
             kv = resolve_kv(g.kv, g.cost)
-            limit = options["max_model_len"]
-            if limit == "model":
-                limit = getattr(getattr(g.cost, "model", None), "max_position_embeddings", None)
+            limit = model_len_limit(g.cost, options["max_model_len"])
             why = engine_blocker(make_policy(g.policy), kv, g.cost, options, num_requests,
                                  g.replicas)
             reasons.append(why)
@@ -107,9 +106,7 @@ def run_disagg(reqs: list[Request], groups: list[Group], router: Router, decode_
     bidir = [ic.nvlink_gbps for ic in nvlink if ic is not None and ic.nvlink_gbps > 0]
     topology = build_topology(network, [g.tp for g in owner],
                               min(bidir) / 2 if bidir else None)
-    measured = capacity_weights([g.cost for g in owner])
-    weights = [g.weight if g.weight is not None else w for g, w in zip(owner, measured,
-                                                                         strict=True)]
+    weights = replica_weights(owner)
     driver = DisaggDriver(replicas[:n_p], replicas[n_p:], router, decode_router, topology,
                           per_token, min(r.kv.block_size for r in replicas),
                           (weights[:n_p], weights[n_p:]))

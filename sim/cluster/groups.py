@@ -176,6 +176,14 @@ def inherit(group: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, 
     return keys
 
 
+def replica_weights(owner: Sequence[Group]) -> list[float]:
+    """Each replica's capacity weight (``owner``: each replica's group): its group's
+    ``weight``, or else measured over all the replicas (``capacity_weights``)."""
+    measured = capacity_weights([g.cost for g in owner])
+    return [g.weight if g.weight is not None else w for g, w in zip(owner, measured,
+                                                                      strict=True)]
+
+
 def capacity_weights(costs: Sequence[CostModel]) -> list[float]:
     """Each replica's reference decode throughput relative to the mean over ``costs``."""
     rates = []
