@@ -61,7 +61,7 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
     reqs.sort(key=lambda r: (r.arrival_s, r.id))
     deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
     log = StepLog()
-    if monitor is not None:
+    if monitor is not None and not is_disaggregated(groups):  # ``run_disagg`` calls its own
         monitor([log], np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
     options = {"checks": checks, "horizon_s": horizon_s, "event_skipping": event_skipping,
                "deadline": deadline, "max_model_len": max_model_len}
@@ -69,7 +69,7 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
         assert disagg is not None
         options["fast_path"] = disagg.get("fast_path", True)
         run = _Run(*run_disagg(reqs, groups, router, disagg["decode_router"], disagg["network"],
-                               (rng, disagg["decode_rng"]), log, options))
+                               (rng, disagg["decode_rng"]), log, options, monitor))
     else:
         run = _run_mixed(reqs, groups, router, rng, log, options)
     return _result(run, groups, router, seed, warmup_s, cooldown_s, slos)

@@ -95,12 +95,14 @@ class GeneralSide:  # noqa: PLR0904 - the calls of the hand-off protocol
         self.slot_capacity = rep.policy.slot_capacity
         self.max_model_len = rep.max_model_len
         self._settled: list[tuple[float, int, bool]] = []
+        self.num_settled = 0  # requests finished or rejected here (a progress display's)
         rep.hold_kv = hold
         rep.listener = self._on_event
 
     def _on_event(self, ev: ReplicaEvent) -> None:
         if ev.kind in ("finish", "rejected"):
             self._settled.append((ev.time_s, ev.request_id, ev.kind == "finish"))
+            self.num_settled += 1
 
     def advance_until(self, t: float) -> None:
         """``Replica.advance_until``."""
