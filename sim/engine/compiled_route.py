@@ -50,7 +50,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "1d91d0f623344ea265e3b93d6dc7d3314f5a6baa49ab91a5afbf4b349398ccb6"
+ROUTE_SHA256 = "63980e83e7bf70c25b95bbaff2542e02ea92de1048489c729df568093b3e993f"
 ROUTE_SOURCES = ("sim/core/load_rules.py", "sim/core/load_arrays.py",
                  "sim/engine/compiled_drive.py", "sim/engine/compiled_loop.py")
 
