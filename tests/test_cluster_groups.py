@@ -98,3 +98,30 @@ def test_a_yaml_cluster_runs_and_writes_a_table_per_group(tmp_path) -> None:
     bad.write_text(exp.read_text().replace("a100-80gb", "a99"))
     with pytest.raises(sim.InputError, match=r"bad\.yaml: cluster\.groups\[1\]\.hardware"):
         sim.run_experiment(str(bad), out=str(tmp_path / "out2"))
+
+
+def test_a_disaggregated_result_is_a_mixed_clusters_plus_only_its_own_parts() -> None:
+    # one assembly of a cluster's result (``sim.cluster.deployment``) for both kinds of run:
+    # the same tables and summary keys, in the same order, the hand-off adding only its own
+    from sim.cluster.disagg_run import DISAGG_COLUMNS
+    from sim.cluster.metrics import imbalance
+    from sim.cluster.routed import RoutingLog
+
+    reqs = workload(60)
+    kv = {"num_blocks": 400, "block_size": 16}
+    groups = [{"name": "a", "replicas": 2, "kv": kv}, {"name": "b", "replicas": 1, "kv": kv}]
+    mixed = sim.simulate(reqs, policy="continuous", cost=COST, cluster={"groups": groups},
+                         router="least_outstanding_requests")
+    split = sim.simulate(reqs, policy="continuous", cost=COST, router="least_outstanding_requests",
+                         cluster={"groups": [{**groups[0], "role": "prefill"},
+                                             {**groups[1], "role": "decode"}]})
+    assert list(split.steps.columns) == list(mixed.steps.columns)
+    assert list(split.requests.columns) == [*mixed.requests.columns, *DISAGG_COLUMNS]
+    assert list(split.groups.columns) == ["group", "role", *mixed.groups.columns[1:]]
+    # a mixed run's routers weigh replicas by capacity: its table says by how much
+    assert list(mixed.replicas.columns) == [*split.replicas.columns[:2], "weight",
+                                            *split.replicas.columns[2:]]
+    assert [k for k in split.summary if k in mixed.summary] == list(mixed.summary)
+    routing = imbalance(RoutingLog(), mixed.steps, 3)
+    assert set(routing) <= set(mixed.summary)
+    assert {f"decode_{k}" for k in routing} | {"decode_router"} <= set(split.summary)

@@ -12,6 +12,9 @@
 """
 from __future__ import annotations
 
+import re
+import tokenize
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,11 +25,14 @@ from hypothesis import strategies as st
 import sim
 from routers.balance import LeastOutstandingTokens
 from sim.core import load_arrays as la
+from sim.core import load_rules
 from sim.core.routing import Arrival, ReplicaLoad
 from sim.engine import compiled
 from sim.engine import compiled_route as cr
 from sim.engine.compiled_drive import DrivenCompiled
 from tests.test_fastpath import assert_same_run
+
+REPO = Path(__file__).resolve().parents[1]
 
 replica_loads = st.lists(st.builds(
     ReplicaLoad, index=st.just(0), num_waiting=st.integers(0, 9), num_running=st.integers(0, 9),
@@ -65,6 +71,50 @@ def test_loads_is_the_sequence_of_replica_loads_a_router_reads(loads):
     assert list(view) == loads and view[-1] == loads[-1] and list(view[1:]) == loads[1:]
     with pytest.raises(IndexError):
         view[len(loads)]
+
+
+
+@settings(max_examples=100, deadline=None)
+@given(loads=replica_loads)
+def test_each_load_signal_is_one_formula_wherever_it_is_read(loads):
+    # ``sim.core.load_rules``: the router's values, the arrays' measures, the routing log's
+    # outstanding requests and their compiled forms all read the same three formulas
+    arrays = la.Loads.of(loads)
+    outstanding = la.outstanding_of(arrays.counts)
+    for i, s in enumerate(loads):
+        counts = arrays.counts[i]
+        requests = load_rules.outstanding_requests(s.num_waiting, s.num_running)
+        tokens = load_rules.outstanding_tokens(s.outstanding_prefill_tokens, s.num_decoding)
+        share = load_rules.kv_share(s.kv_used_blocks, s.kv_total_blocks)
+        assert (s.num_outstanding, s.outstanding_tokens, s.kv_usage) == (requests, tokens, share)
+        assert outstanding[i] == requests
+        assert cr._outstanding(counts[la.WAITING], counts[la.RUNNING]) == requests
+        for metric, value in ((la.REQUESTS, requests / s.weight),
+                              (la.TOKENS, tokens / s.weight), (la.KV, share)):
+            python = la.measure_at(arrays.counts, arrays.weight, arrays.kv_total, i, metric)
+            assert python == value
+            assert cr._measure_at(arrays.counts, arrays.weight, arrays.kv_total, i,
+                                  metric) == python
+
+
+def _code_lines(path: Path) -> dict[int, str]:
+    """Each line's code of the file at ``path``, its strings and comments left out."""
+    lines: dict[int, list[str]] = {}
+    with path.open(encoding="utf-8") as f:
+        for tok in tokenize.generate_tokens(f.readline):
+            if tok.type in (tokenize.NAME, tokenize.OP, tokenize.NUMBER):
+                lines.setdefault(tok.start[0], []).append(tok.string)
+    return {n: " ".join(words) for n, words in lines.items()}
+
+
+def test_no_module_restates_the_load_formulas():
+    # written again elsewhere, a formula can drift from the one the compiled loop compiles
+    restated = re.compile(r"WAITING \] \+ .*RUNNING \]|waiting \+ (\w+ \. )?(num_)?running\b"
+                          r"|prefill(_tokens)? \+ (\w+ \. )?(num_)?decoding\b")
+    found = [f"{path.relative_to(REPO)}:{n}" for folder in ("sim", "routers", "policies")
+             for path in sorted((REPO / folder).rglob("*.py")) if path.name != "load_rules.py"
+             for n, line in _code_lines(path).items() if restated.search(line)]
+    assert found == []
 
 
 class CustomTokens(LeastOutstandingTokens):

@@ -265,6 +265,26 @@ def test_an_invalid_plan_raises_an_engine_error_naming_the_policy_and_the_rule(
     assert rule in str(err.value)
 
 
+
+def test_a_plan_may_schedule_up_to_the_num_uncomputed_of_the_view_its_policy_saw():
+    # ``validate_plan`` reads that very view by field name: mid-prefill (chunks of 4 of a
+    # 10-token prompt) the range it allows is the view's own ``num_uncomputed``
+    seen: list[int] = []
+
+    def make(v: View) -> Plan:
+        if len(seen) < 2:
+            seen.append(0)
+            return Plan(run={s.id: min(4, s.num_uncomputed) for s in (*v.running, *v.waiting)})
+        s = v.running[0]
+        seen.append(s.num_uncomputed)
+        return Plan(run={s.id: s.num_uncomputed + 1})
+
+    with pytest.raises(EngineError) as err:
+        sim.simulate(requests([0.0], 10, 2), policy=FixedPlan(make=make),
+                     cost=sim.ConstantCost(D))
+    assert seen[-1] == 2
+    assert "request 0: 3 tokens scheduled, 1..2 allowed" in str(err.value)
+
 def test_a_policy_instance_is_used_as_given():
     # No registration needed: an instance passes straight through make_policy.
     pol = FixedPlan(make=lambda v: Plan(run={s.id: s.num_uncomputed

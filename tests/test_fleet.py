@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from sim.cluster.groups import parse_groups
 from sim.cost.profiles import load_gpu
 from sim.experiments.fleet import cost_per_mtok, fleet, fleet_label
+from sim.experiments.runner import cluster_args
 
-BASE = {"hardware": "h100-sxm", "parallelism": {"tp": 2, "replicas": 3}}
+BASE = {"model": "llama-3-8b", "hardware": "h100-sxm", "engine": "vllm",
+        "parallelism": {"tp": 2, "replicas": 3},
+        "cost": {"kind": "roofline", "weight_dtype": "bf16", "kv_dtype": "bf16"}}
 
 
 def test_without_a_cluster_block_the_fleet_is_tp_times_replicas():
@@ -22,6 +26,20 @@ def test_groups_count_their_own_replicas_tp_and_hardware_with_the_experiments_de
         {"name": "old", "replicas": 2, "hardware": "a100-80gb", "tp": 1}]}}
     assert fleet(config) == {"h100-sxm": 3 * 2 + 4, "a100-80gb": 2}
     assert fleet_label(fleet(config)) == "10×h100-sxm+2×a100-80gb"
+
+
+def test_the_fleet_counts_the_groups_the_cluster_is_built_of():
+    # the fleet reads the groups by the cluster's own rules (each key a group leaves out takes
+    # the experiment's value, ``replicas`` its default): the GPUs of the built groups
+    config = {**BASE, "cluster": {"groups": [
+        {"name": "a"}, {"name": "b", "replicas": 2, "tp": None, "hardware": None},
+        {"name": "c", "tp": 4}, {"name": "d", "replicas": 3, "hardware": "a100-80gb", "tp": 1}]}}
+    args = cluster_args(config)
+    built: dict[str, int] = {}
+    for g in parse_groups(args["cluster"], policy="continuous", kv=None, cost=None,
+                          cost_keys=args["cost_keys"]):
+        built[g.hardware] = built.get(g.hardware, 0) + g.replicas * g.tp
+    assert fleet(config) == built == {"h100-sxm": 2 + 2 * 2 + 4, "a100-80gb": 3}
 
 
 def test_the_price_per_million_tokens_sums_every_gpu_of_the_fleet():

@@ -13,7 +13,7 @@ import yaml
 import sim
 import sim.engine.simulate as engine_simulate
 import sim.experiments.run_progress as run_progress
-from sim.experiments.run_progress import RunProgress, done_before, requests_done
+from sim.experiments.run_progress import RunProgress, done_before, requests_done, steps_taken
 from tests.helpers import poisson_arrivals, requests
 
 
@@ -156,3 +156,47 @@ def test_no_progress_in_a_log(long_exp, tmp_path, monkeypatch):
     sim.run_experiment(long_exp, out=tmp_path / "out")
     assert "req/s" not in err.getvalue() and "\r" not in err.getvalue()
     assert "[1/1] run" in err.getvalue()  # the sweep's own log line
+
+
+@pytest.mark.parametrize("fast_path", ["interpreted", "compiled"])
+def test_a_disaggregated_run_counts_every_replicas_steps_and_requests(fast_path):
+    # a request ends on its decode replica (or its prefill one), and a compiled pool fills
+    # its step log only at the end: the run counts for itself (``sim.metrics.live``)
+    from routers.balance import RoundRobin
+
+    seen, samples = {}, []
+
+    class Watching(RoundRobin):  # reads the progress at each arrival, as the bar's thread would
+        def route(self, request, loads):
+            done, reached = requests_done(seen["logs"], seen["arrivals"])
+            samples.append((request.arrival_s, done, reached, steps_taken(seen["logs"])))
+            return super().route(request, loads)
+
+    def monitor(logs, arrivals):
+        seen["logs"], seen["arrivals"] = logs, arrivals
+
+    rng = np.random.default_rng(3)
+    n = 300
+    reqs = requests(poisson_arrivals(40.0, n, rng), rng.integers(5, 200, n).tolist(),
+                    rng.integers(1, 40, n).tolist())
+    kv = {"num_blocks": 60, "block_size": 16, "kv_bytes_per_token": 1e5}
+    cluster = {"groups": [
+        {"name": "p", "role": "prefill", "replicas": 2, "kv": kv,
+         "cost": sim.LinearCost(base_s=0.004, per_token_s=1e-5)},
+        {"name": "d", "role": "decode", "replicas": 2, "kv": kv,
+         "cost": sim.LinearCost(base_s=0.005, per_token_s=1e-6)}]}
+    res = sim.simulate(reqs, policy={"name": "continuous", "max_num_seqs": 16}, cluster=cluster,
+                       router=Watching(), fast_path=fast_path, monitor=monitor)
+    assert res.engine == ("compiled" if fast_path == "compiled" else "general")
+    finish = np.sort(res.requests["finish_s"].to_numpy())
+    for at, done, reached, _ in samples:
+        truth = int(np.searchsorted(finish, at, side="right"))
+        if fast_path == "compiled":  # a compiled step's requests settle as it is launched
+            assert truth <= done <= int(np.searchsorted(finish, reached, side="right"))
+        else:
+            assert done == truth
+    assert [s[3] for s in samples] == sorted(s[3] for s in samples)
+    assert samples[len(samples) // 2][3] > 0 and samples[len(samples) // 2][1] > 0
+    last = res.steps["start_s"] + res.steps["duration_s"]
+    assert requests_done(seen["logs"], seen["arrivals"]) == (n, last.max())
+    assert steps_taken(seen["logs"]) == len(res.steps)

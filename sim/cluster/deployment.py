@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from policies import make_policy
 from routers import Router
 from sim.cluster.disagg import DisaggDriver
 from sim.cluster.disagg_run import disagg_summary, link_table, per_gpu, run_disagg
-from sim.cluster.groups import Group, capacity_weights, is_disaggregated
+from sim.cluster.groups import Group, is_disaggregated, replica_weights
 from sim.cluster.metrics import imbalance, per_replica
 from sim.cluster.routed import run_routed
 from sim.core.arrays import TraceArrays
@@ -29,7 +30,7 @@ from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
 from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
-from sim.engine.inputs import check_run_limits, request_columns
+from sim.engine.inputs import check_run_limits, model_len_limit, request_columns
 from sim.engine.replica import Replica
 from sim.engine.simulate import SimResult, engine_profile
 from sim.kv.config import resolve_kv
@@ -60,49 +61,65 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
     reqs.sort(key=lambda r: (r.arrival_s, r.id))
     deadline = None if wall_clock_s is None else time.perf_counter() + wall_clock_s
     log = StepLog()
-    if monitor is not None:
+    if monitor is not None and not is_disaggregated(groups):  # ``run_disagg`` calls its own
         monitor([log], np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
+    options = {"checks": checks, "horizon_s": horizon_s, "event_skipping": event_skipping,
+               "deadline": deadline, "max_model_len": max_model_len}
     if is_disaggregated(groups):
         assert disagg is not None
-        options = {"checks": checks, "horizon_s": horizon_s, "event_skipping": event_skipping,
-                   "deadline": deadline, "max_model_len": max_model_len,
-                   "fast_path": disagg.get("fast_path", True)}
-        table, reps, owners, driver, logs = run_disagg(
-            reqs, groups, router, disagg["decode_router"], disagg["network"],
-            (rng, disagg["decode_rng"]), log, options)
-        return _result(table, logs, reps, owners, groups, router, seed, warmup_s,
-                       cooldown_s, slos, driver.log, driver)
+        options["fast_path"] = disagg.get("fast_path", True)
+        run = _Run(*run_disagg(reqs, groups, router, disagg["decode_router"], disagg["network"],
+                               (rng, disagg["decode_rng"]), log, options, monitor))
+    else:
+        run = _run_mixed(reqs, groups, router, rng, log, options)
+    return _result(run, groups, router, seed, warmup_s, cooldown_s, slos)
+
+
+@dataclass
+class _Run:
+    """What a cluster run leaves for its result: the requests table, the replicas (general
+    ones, or hand-off sides) with their groups, the driver of a disaggregated run (``None``
+    for one router over mixed groups), the step logs, and the routing log and each
+    replica's weight of a mixed run (a disaggregated one's are the driver's)."""
+
+    table: pd.DataFrame
+    replicas: list[Any]
+    owner: list[Group]
+    driver: DisaggDriver | None
+    logs: list[StepLog]
+    routing: Any = None
+    weights: list[float] | None = None
+
+
+def _run_mixed(reqs: list[Request], groups: list[Group], router: Router,
+               rng: np.random.Generator, log: StepLog, options: dict[str, Any]) -> _Run:
+    """Serve ``reqs`` (arrival order) on the groups' replicas behind ``router``."""
     seqs: dict[int, Seq] = {}
     replicas: list[Replica] = []
     owner: list[Group] = []
     for g in groups:
         kv = resolve_kv(g.kv, g.cost)
-        limit = (getattr(getattr(g.cost, "model", None), "max_position_embeddings", None)
-                 if max_model_len == "model" else max_model_len)
+        limit = model_len_limit(g.cost, options["max_model_len"])
         for _ in range(g.replicas):
             replicas.append(Replica(len(replicas), (), make_policy(g.policy), g.cost, kv, log,
-                                    seqs, checks=checks, horizon_s=horizon_s,
-                                    skip=event_skipping, deadline=deadline,
-                                    max_model_len=limit))  # type: ignore[arg-type]
+                                    seqs, checks=options["checks"],
+                                    horizon_s=options["horizon_s"],
+                                    skip=options["event_skipping"], deadline=options["deadline"],
+                                    max_model_len=limit))
             owner.append(g)
-    measured = capacity_weights([g.cost for g in owner])
-    weights = [g.weight if g.weight is not None else w for g, w in zip(owner, measured,
-                                                                         strict=True)]
+    weights = replica_weights(owner)
     block = min(rep.pool.config.block_size for rep in replicas)
     routing = run_routed(reqs, replicas, router, rng, block, weights)
     table = request_table(sorted(seqs.values(), key=lambda s: s.req.id))
-    result = _result(table, [log], replicas, owner, groups, router, seed, warmup_s, cooldown_s,
-                     slos, routing, None)
-    assert result.replicas is not None
-    result.replicas.insert(2, "weight", weights)
-    return result
+    return _Run(table, list(replicas), owner, None, [log], routing, weights)
 
 
-def _result(table: pd.DataFrame, logs: list[StepLog], replicas: list[Any], owner: list[Group],
-            groups: list[Group], router: Router, seed: int, warmup_s: float,
-            cooldown_s: float, slos: dict[str, float] | None, routing: Any,
-            driver: DisaggDriver | None) -> SimResult:
+def _result(run: _Run, groups: list[Group], router: Router, seed: int, warmup_s: float,
+            cooldown_s: float, slos: dict[str, float] | None) -> SimResult:
     """The result of a cluster run: tables with ``group``, summaries, per group and replica."""
+    table, logs, replicas, owner, driver = run.table, run.logs, run.replicas, run.owner, \
+        run.driver
+    routing = run.routing if driver is None else driver.log
     names = np.array([g.name for g in owner], dtype=object)
     table.insert(list(table.columns).index("replica") + 1, "group", names[table["replica"]])
     tables = [log.table() for log in logs if len(log)]
@@ -136,6 +153,8 @@ def _result(table: pd.DataFrame, logs: list[StepLog], replicas: list[Any], owner
         result.engine, result.engine_reason = engines(groups, driver.reasons)
     result.replicas = per_replica(table, steps, len(replicas))
     result.replicas.insert(1, "group", names)
+    if run.weights is not None:
+        result.replicas.insert(2, "weight", run.weights)
     result.routing = routing
     result.groups = _group_table(table, steps, runs, replicas, owner, groups, window)
     summary.update(per_gpu(summary, sum(g.replicas * g.tp for g in groups)))

@@ -62,6 +62,9 @@ class DisaggDriver:
     decode_log: RoutingLog = field(default_factory=RoutingLog)
     #: Per group (prefill groups first): why it ran on the general engine ('' compiled).
     reasons: list[str] = field(default_factory=list)
+    #: Requests that ended on their prefill replica: rejected there, of one output token, or
+    #: never to fit on their decode replica.
+    num_ended_on_prefill: int = 0
 
     def run(self, reqs: Sequence[Request], rngs: tuple[np.random.Generator, np.random.Generator]
             ) -> TransferLog:
@@ -88,6 +91,7 @@ class DisaggDriver:
         self.landed: list[int] = []
         self.in_flight = 0
         self.settled = 0  # requests whose prefill finished or was rejected
+        self.num_ended_on_prefill = 0
         self._wake = self.env.event()
         self._loop()
         return self.out
@@ -99,6 +103,8 @@ class DisaggDriver:
             for t, rid, finished in rep.settled(now):
                 if finished:
                     self.finished_prefills.append((t, pos[rid]))
+                else:
+                    self.num_ended_on_prefill += 1
                 self.settled += 1
 
     # -- the loop -----------------------------------------------------------------------------
@@ -147,6 +153,11 @@ class DisaggDriver:
             rep.close()
         for rep in everyone:
             rep.advance_until(math.inf)
+
+    def num_done(self) -> int:
+        """Requests finished or rejected so far, wherever they ended (a progress display
+        reads it from another thread)."""
+        return self.num_ended_on_prefill + sum(rep.num_settled for rep in self.decode)
 
     def _drained(self) -> bool:
         """Every prefill has finished and been sent: the decode side can be closed."""
@@ -204,6 +215,7 @@ class DisaggDriver:
             self.out.prefill_done_s[k] = t
             if req.num_output_tokens <= 1:
                 self.prefill[self.out.prefill_replica[k]].release_held(req.id)
+                self.num_ended_on_prefill += 1
                 continue
             loads = self._decode_loads(now)
             choice = self.decode_router.route(arrival_of(req, self.chains), loads)
@@ -302,3 +314,4 @@ class DisaggDriver:
         req = self.reqs[k]
         self.prefill[self.out.prefill_replica[k]].release_held(req.id)
         self.out.reject_reason[k] = why
+        self.num_ended_on_prefill += 1

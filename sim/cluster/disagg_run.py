@@ -11,7 +11,7 @@ wait for the decode replica, so TPOT and ITL include them, as a client sees them
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,16 +20,21 @@ import pandas as pd
 from policies import make_policy
 from routers import Router
 from sim.cluster.disagg import DisaggDriver
-from sim.cluster.groups import Group, capacity_weights
+from sim.cluster.groups import Group, replica_weights
 from sim.cluster.handoff import GeneralSide, TransferLog
 from sim.cluster.kv_links import build_topology
 from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
 from sim.engine.coverage import fast_path_blocker
+from sim.engine.inputs import model_len_limit
 from sim.engine.replica import Replica
 from sim.kv.config import replica_kv_bytes_per_token, resolve_kv
+from sim.metrics.live import LiveLogs
 from sim.metrics.summary import StepLog, request_table
+
+#: ``simulate``'s ``monitor``: handed the run's step logs and its arrival times.
+Monitor = Callable[[Sequence[StepLog], np.ndarray], None]
 
 #: Columns a disaggregated run adds to the requests table (seconds, bytes, replica numbers).
 DISAGG_COLUMNS = ("prefill_replica", "decode_replica", "kv_wait_s", "kv_transfer_s",
@@ -46,9 +51,7 @@ def build_replicas(groups: list[Group], log: StepLog, options: dict[str, Any],
     for role in ("prefill", "decode"):
         for g in (g for g in groups if g.role == role):
             kv = resolve_kv(g.kv, g.cost)
-            limit = options["max_model_len"]
-            if limit == "model":
-                limit = getattr(getattr(g.cost, "model", None), "max_position_embeddings", None)
+            limit = model_len_limit(g.cost, options["max_model_len"])
             why = engine_blocker(make_policy(g.policy), kv, g.cost, options, num_requests,
                                  g.replicas)
             reasons.append(why)
@@ -88,11 +91,13 @@ def engine_blocker(policy: Any, kv: Any, cost: Any, options: dict[str, Any],
 
 def run_disagg(reqs: list[Request], groups: list[Group], router: Router, decode_router: Router,
                network: Any, rngs: tuple[np.random.Generator, np.random.Generator],
-               log: StepLog, options: dict[str, Any]
+               log: StepLog, options: dict[str, Any], monitor: Monitor | None = None
                ) -> tuple[pd.DataFrame, list[Any], list[Group], DisaggDriver, list[StepLog]]:
     """Serve ``reqs`` (arrival order) on the groups; return the joined requests table, the
     replicas (hand-off sides), their groups, the driver (routing logs, links, each group's
-    engine blocker) and the step logs (the general replicas' shared one first)."""
+    engine blocker) and the step logs (the general replicas' shared one first, then one per
+    compiled replica). ``monitor`` (``simulate``'s) is handed those logs as ``LiveLogs``,
+    which count every replica's steps and the requests done as the run goes."""
     replicas, owner, reasons = build_replicas(groups, log, options, len(reqs))
     n_p = sum(g.replicas for g in groups if g.role == "prefill")
     per_token = []
@@ -107,26 +112,44 @@ def run_disagg(reqs: list[Request], groups: list[Group], router: Router, decode_
     bidir = [ic.nvlink_gbps for ic in nvlink if ic is not None and ic.nvlink_gbps > 0]
     topology = build_topology(network, [g.tp for g in owner],
                               min(bidir) / 2 if bidir else None)
-    measured = capacity_weights([g.cost for g in owner])
-    weights = [g.weight if g.weight is not None else w for g, w in zip(owner, measured,
-                                                                         strict=True)]
+    weights = replica_weights(owner)
     driver = DisaggDriver(replicas[:n_p], replicas[n_p:], router, decode_router, topology,
                           per_token, min(r.kv.block_size for r in replicas),
                           (weights[:n_p], weights[n_p:]))
+    compiled = [side for side in replicas if not isinstance(side, GeneralSide)]
+    logs = [log, *(StepLog() for _ in compiled)]  # a compiled replica's, filled at its end
+    if monitor is not None:
+        monitor(live_logs(logs, replicas, driver),
+                np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
     moved = driver.run(reqs, rngs)
     pre: dict[int, Seq] = {}
     dec: dict[int, Seq] = {}
-    logs = [log]
     by_id = {r.id: r for r in reqs}
+    filled = iter(logs[1:])
     for k, side in enumerate(replicas):
         seqs = pre if k < n_p else dec
         if isinstance(side, GeneralSide):
             seqs.update(side.rep.seqs)
             continue
-        logs.append(StepLog())
-        seqs.update(compiled_seqs(side, driver.admitted if side.holds else by_id, logs[-1]))
+        seqs.update(compiled_seqs(side, driver.admitted if side.holds else by_id, next(filled)))
     driver.reasons = reasons
     return joined_table(reqs, pre, dec, moved), replicas, owner, driver, logs
+
+
+def live_logs(logs: list[StepLog], replicas: Sequence[Any], driver: DisaggDriver) -> LiveLogs:
+    """``logs`` with the run's own progress counts: the requests done (``DisaggDriver.
+    num_done``), the steps in the general replicas' log and in each compiled replica's buffer
+    (its log fills at its end), and the furthest replica clock."""
+    compiled = [side.rep for side in replicas if not isinstance(side, GeneralSide)]
+    general = [side.rep for side in replicas if isinstance(side, GeneralSide)]
+
+    def steps() -> int:
+        return len(logs[0]) + sum(rep.num_steps for rep in compiled)
+
+    def reached_s() -> float:
+        return max([0.0, *(rep.now for rep in compiled), *(rep.clock for rep in general)])
+
+    return LiveLogs(logs, driver.num_done, steps, reached_s)
 
 
 def compiled_seqs(side: Any, handed: Mapping[int, Request], log: StepLog) -> dict[int, Seq]:

@@ -54,6 +54,9 @@ CLUSTER_FIELDS: dict[str, Any] = {
     "network": Key(MAP + (OPT,), None, "Links KV transfers cross: {gpus_per_node, nvlink_gbps, "
                    "nic_gbps, nvlink_latency_us, nic_latency_us}; prefill/decode roles only."),
 }
+#: The keys of a group's cost model; each one a group leaves out (or gives as null) takes the
+#: experiment's value (``inherit``).
+COST_KEYS = ("model", "hardware", "tp", "engine")
 #: Most groups a cluster may have.
 MAX_GROUPS = 64
 #: The reference decode step that measures a replica's capacity: 32 rows at 1,024 tokens.
@@ -151,20 +154,34 @@ def _group_cost(g: dict[str, Any], ready: Any, cost: CostModel | None,
         if not callable(getattr(ready, "step", None)):
             raise InputError("expected a cost model (with a step method)", field="cost")
         return ready, str(g["hardware"] or "")
-    names = ("model", "hardware", "tp", "engine")
-    if cost_keys is None and not any(g[k] is not None for k in names):
+    if cost_keys is None and not any(g[k] is not None for k in COST_KEYS):
         if cost is None:
             raise InputError("no cost model: give model/hardware or a cost", field="hardware")
         return cost, ""
     from sim.cost.roofline import build_cost_model
 
-    keys = dict(cost_keys or {})
-    for k in names:
-        if g[k] is not None:
-            keys[k] = g[k]
+    keys = inherit(g, cost_keys or {})
     if "model" not in keys or "hardware" not in keys:
         raise InputError("needs a model and a hardware profile", field="hardware")
     return build_cost_model(**keys), str(keys["hardware"])
+
+
+def inherit(group: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """A group's cost keys: ``defaults`` (the experiment's values) with each of ``COST_KEYS``
+    that ``group`` gives in its place."""
+    keys = dict(defaults)
+    for k in COST_KEYS:
+        if group.get(k) is not None:
+            keys[k] = group[k]
+    return keys
+
+
+def replica_weights(owner: Sequence[Group]) -> list[float]:
+    """Each replica's capacity weight (``owner``: each replica's group): its group's
+    ``weight``, or else measured over all the replicas (``capacity_weights``)."""
+    measured = capacity_weights([g.cost for g in owner])
+    return [g.weight if g.weight is not None else w for g, w in zip(owner, measured,
+                                                                      strict=True)]
 
 
 def capacity_weights(costs: Sequence[CostModel]) -> list[float]:

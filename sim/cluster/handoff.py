@@ -12,7 +12,7 @@ import simpy
 
 from sim.cluster.loads import kv_total_blocks, replica_load
 from sim.cluster.routed import RoutingLog
-from sim.core.load_arrays import RUNNING, WAITING, Loads
+from sim.core.load_arrays import Loads, outstanding_of
 from sim.core.routing import ReplicaLoad
 from sim.core.rules import blocks_needed, watermark_blocks
 from sim.core.types import Request
@@ -77,7 +77,7 @@ def record(log: RoutingLog, now: float, rid: int, choice: int, loads: Sequence) 
     log.request_id.append(rid)
     log.replica.append(choice)
     if isinstance(loads, Loads):  # each ``ReplicaLoad.num_outstanding``, of the arrays
-        log.outstanding.append((loads.counts[:, WAITING] + loads.counts[:, RUNNING]).tolist())
+        log.outstanding.append(outstanding_of(loads.counts).tolist())
     else:
         log.outstanding.append([s.num_outstanding for s in loads])
 
@@ -95,12 +95,14 @@ class GeneralSide:  # noqa: PLR0904 - the calls of the hand-off protocol
         self.slot_capacity = rep.policy.slot_capacity
         self.max_model_len = rep.max_model_len
         self._settled: list[tuple[float, int, bool]] = []
+        self.num_settled = 0  # requests finished or rejected here (a progress display's)
         rep.hold_kv = hold
         rep.listener = self._on_event
 
     def _on_event(self, ev: ReplicaEvent) -> None:
         if ev.kind in ("finish", "rejected"):
             self._settled.append((ev.time_s, ev.request_id, ev.kind == "finish"))
+            self.num_settled += 1
 
     def advance_until(self, t: float) -> None:
         """``Replica.advance_until``."""

@@ -18,6 +18,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from sim.core.load_rules import kv_share, outstanding_requests, outstanding_tokens
 from sim.core.routing import ReplicaLoad
 
 #: Columns of ``Loads.counts`` (one row per replica): waiting requests (buffered arrivals
@@ -36,12 +37,18 @@ def measure(waiting: int, running: int, prefill: int, decoding: int, used: int,
             kv_total: int, weight: float, metric: int) -> float:
     """One replica's load by ``metric`` (lower is lighter), per unit of capacity: outstanding
     requests, outstanding tokens (prefill left plus one per decoding request; a router cannot
-    know the decodes' remaining lengths), or the share of its KV cache in use (0 unlimited)."""
+    know the decodes' remaining lengths), or the share of its KV cache in use (0 unlimited):
+    the formulas of ``sim.core.load_rules``."""
     if metric == REQUESTS:
-        return (waiting + running) / weight
+        return outstanding_requests(waiting, running) / weight
     if metric == TOKENS:
-        return (prefill + decoding) / weight
-    return used / kv_total if kv_total else 0.0
+        return outstanding_tokens(prefill, decoding) / weight
+    return kv_share(used, kv_total)
+
+
+def outstanding_of(counts: np.ndarray) -> np.ndarray:
+    """Every replica's outstanding requests (``outstanding_requests`` of each row)."""
+    return outstanding_requests(counts[:, WAITING], counts[:, RUNNING])
 
 
 def measure_at(counts: np.ndarray, weight: np.ndarray, kv_total: np.ndarray, i: int,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.blocks import HASH_BLOCK_TOKENS, prefix_chain
+from sim.core.load_rules import kv_share, outstanding_requests, outstanding_tokens
 
 __all__ = ["DEFAULT_HASH_BLOCK_TOKENS", "Arrival", "ReplicaLoad", "prefix_chain"]
 
@@ -62,15 +63,15 @@ class ReplicaLoad:
     @property
     def num_outstanding(self) -> int:
         """Requests admitted here and not finished: waiting plus running."""
-        return self.num_waiting + self.num_running
+        return outstanding_requests(self.num_waiting, self.num_running)
 
     @property
     def outstanding_tokens(self) -> int:
         """Work-based queue length: uncomputed prefill tokens plus one per decoding request
         (a router cannot know how many tokens each decode has left)."""
-        return self.outstanding_prefill_tokens + self.num_decoding
+        return outstanding_tokens(self.outstanding_prefill_tokens, self.num_decoding)
 
     @property
     def kv_usage(self) -> float:
         """Share of KV blocks in use (0 for an unlimited cache)."""
-        return self.kv_used_blocks / self.kv_total_blocks if self.kv_total_blocks else 0.0
+        return kv_share(self.kv_used_blocks, self.kv_total_blocks)

@@ -33,7 +33,7 @@ class Seq:
 
     __slots__ = ("req", "num_generated", "num_computed", "num_blocks", "num_preemptions",
                  "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
-                 "max_itl_s", "status", "reason", "replica", "_view", "num_shared",
+                 "max_itl_s", "status", "reason", "replica", "cached_view", "num_shared",
                  "hit_tokens", "swapped", "num_swaps", "max_held", "num_cached_tokens")
 
     def __init__(self, req: Request, replica: int = 0) -> None:
@@ -50,7 +50,10 @@ class Seq:
         self.max_itl_s = 0.0
         self.status = "waiting"
         self.reason = ""
-        self._view: SeqView | None = None
+        #: The ``SeqView`` ``view()`` last built, ``None`` once the state has changed since: a
+        #: plan is checked against the very view its policy saw (``sim.engine.validate``)
+        #: without a call per scheduled request.
+        self.cached_view: SeqView | None = None
         self.num_shared = 0  # leading blocks held shared from the prefix cache
         self.hit_tokens = 0  # cached prompt tokens found at the last view, not yet held
         self.swapped = False
@@ -70,10 +73,10 @@ class Seq:
 
     def view(self) -> SeqView:
         """The frozen snapshot a policy sees (cached until the state changes)."""
-        v = self._view
+        v = self.cached_view
         if v is None:
             r = self.req
-            v = self._view = _new_tuple(SeqView, (
+            v = self.cached_view = _new_tuple(SeqView, (
                 r.id, r.arrival_s, r.num_prompt_tokens, self.num_generated,
                 self.num_computed + self.hit_tokens, self.num_preemptions, self.num_blocks,
                 r.priority))
@@ -84,7 +87,7 @@ class Seq:
         True when that changes its view."""
         if num_tokens != self.hit_tokens:
             self.hit_tokens = num_tokens
-            self._view = None
+            self.cached_view = None
             return True
         return False
 
@@ -96,7 +99,7 @@ class Seq:
         self.hit_tokens = 0
         if self.num_computed > self.max_held:
             self.max_held = self.num_computed
-        self._view = None
+        self.cached_view = None
 
     def num_recomputed(self, n: int) -> int:
         """Of the next ``n`` tokens to compute, those whose KV the request had held before."""
@@ -107,7 +110,7 @@ class Seq:
         if self.first_scheduled_s != self.first_scheduled_s:  # NaN: never scheduled before
             self.first_scheduled_s = now
         self.status = "running"
-        self._view = None
+        self.cached_view = None
 
     def advance(self, n: int, start: float, end: float) -> float | None:
         """Commit ``n`` computed tokens at ``end``; return the new token's ITL if one was sampled.
@@ -115,7 +118,7 @@ class Seq:
         Returns ``None`` when no token was sampled or it was the first one, ``REGULAR_ITL`` when
         the previous token came at ``start`` (ITL == step duration), else the gap in seconds.
         """
-        self._view = None
+        self.cached_view = None
         computed = self.num_computed + n
         self.num_computed = computed
         if computed > self.max_held:
@@ -144,7 +147,7 @@ class Seq:
         Every one of these tokens came one step after the previous, so the largest of them is
         the longest of the skipped steps.
         """
-        self._view = None
+        self.cached_view = None
         self.num_computed += k
         self.num_generated += k
         if self.num_computed > self.max_held:
@@ -162,7 +165,7 @@ class Seq:
         self.num_blocks = 0
         self.num_preemptions += 1
         self.status = "waiting"
-        self._view = None
+        self.cached_view = None
 
     def swap_out(self) -> None:
         """Move the KV to host memory: computed tokens are kept, GPU blocks are not."""
@@ -171,7 +174,7 @@ class Seq:
         self.num_swaps += 1
         self.swapped = True
         self.status = "waiting"
-        self._view = None
+        self.cached_view = None
 
     def reject(self, now: float, reason: str) -> None:
         """The request will never be served; record why."""
@@ -182,7 +185,7 @@ class Seq:
         self.status = "rejected"
         self.reason = reason
         self.finish_s = now
-        self._view = None
+        self.cached_view = None
 
     def check(self, block_size: int) -> None:
         """Assert this running request's counters are consistent."""

@@ -171,26 +171,15 @@ def assemble_step(d: Sequence[float], count: int, tc0: float, tm0: float, f0: fl
                   ) -> tuple[float, float, float, int]:
     """A step's ``(seconds, flops, bytes, bound code)`` from its dense constants ``d`` and its
     ``count`` attention operators (``attention_ops``). Each operator joins the compute or the
-    memory tally; the bound is the largest of compute, memory, all-reduce and overhead time,
-    ties going to the later of ``BOUND_NAMES`` order "overhead" > "memory" > "compute" >
-    "comm" (the order of the names, as ``max`` over ``(seconds, name)`` pairs takes it)."""
+    memory tally (``tally_op``); the bound is the largest of compute, memory, all-reduce and
+    overhead time, ties going to the later of ``BOUND_NAMES`` order "overhead" > "memory" >
+    "compute" > "comm" (the order of the names, as ``max`` over ``(seconds, name)`` pairs
+    takes it)."""
     c, m, f, b = d[D_C0], d[D_M0], d[D_F0], d[D_B0]
-    t = tc0 if tc0 > tm0 else tm0
-    if tc0 > tm0:
-        c += t
-    else:
-        m += t
-    f += f0
-    b += b0
-    att = t
+    # no latency per operator: the layer's attention kernel latency is added once, below
+    att, c, m, f, b = tally_op(c, m, f, b, tc0, tm0, f0, b0, 0.0)
     if count == 2:
-        t = tc1 if tc1 > tm1 else tm1
-        if tc1 > tm1:
-            c += t
-        else:
-            m += t
-        f += f1
-        b += b1
+        t, c, m, f, b = tally_op(c, m, f, b, tc1, tm1, f1, b1, 0.0)
         att += t
     att_lat = d[D_ATT_LAT]
     m = m + att_lat + d[D_T_NORM]

@@ -62,11 +62,11 @@ decode_tail_s = jit_rule(roofline_terms.decode_tail_s, decode_unit_s=decode_unit
 prefill_peak_eff = jit_rule(roofline_terms.prefill_peak_eff)
 prefill_unit_s = jit_rule(roofline_terms.prefill_unit_s)
 attention_ops = jit_rule(roofline_terms.attention_ops, decode_tail_s=decode_tail_s)
-assemble_step = jit_rule(roofline_terms.assemble_step)
 overhead_s = jit_rule(roofline_terms.overhead_s)
 gemm_op = jit_rule(roofline_terms.gemm_op)
 allreduce_s = jit_rule(roofline_terms.allreduce_s)
 tally_op = jit_rule(roofline_terms.tally_op)
+assemble_step = jit_rule(roofline_terms.assemble_step, tally_op=tally_op)
 dense_gemms = jit_rule(roofline_terms.dense_gemms, gemm_op=gemm_op, tally_op=tally_op)
 dense_constants = jit_rule(roofline_terms.dense_constants, dense_gemms=dense_gemms,
                            allreduce_s=allreduce_s, gemm_op=gemm_op, tally_op=tally_op,

@@ -147,6 +147,14 @@ class HandoffCompiled(DrivenCompiled):
             rep.log_i[n_log - 1, slots.L_USED] += blocks
 
     # -- the prefill side ---------------------------------------------------------------------
+    @property
+    def num_settled(self) -> int:
+        """Requests finished or rejected here so far (counted from the arrays when asked: a
+        progress display reads it from another thread)."""
+        ri = self.rep.req_i  # one array, whatever ``append`` puts in its place meanwhile
+        known = min(int(self.rep.st_i[slots.S_KNOWN]), len(ri))
+        return int(np.count_nonzero(ri[:known, cp.RI_STATUS] >= slots.FINISHED))
+
     def settled(self, t: float) -> list[tuple[float, int, bool]]:
         """``(time, request id, finished)`` of the requests that settled by ``t`` and were not
         read before, in settling order."""

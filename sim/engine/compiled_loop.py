@@ -118,7 +118,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "0280cacb6194da52aa53b9cb4a2dc2ad8368fcf86b68357c712ef0c8b0e79f17"
+RULES_SHA256 = "f0905a94b34e8e645e76472ad2485e89c0362e90c89983940ec34de6450e45f5"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",

@@ -50,9 +50,9 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "05721913dc4e7ebc49037816aab4b9433b05e0a73c3b0a996ec29848bd70d277"
-ROUTE_SOURCES = ("sim/core/load_arrays.py", "sim/engine/compiled_drive.py",
-                 "sim/engine/compiled_loop.py")
+ROUTE_SHA256 = "63980e83e7bf70c25b95bbaff2542e02ea92de1048489c729df568093b3e993f"
+ROUTE_SOURCES = ("sim/core/load_rules.py", "sim/core/load_arrays.py",
+                 "sim/engine/compiled_drive.py", "sim/engine/compiled_loop.py")
 
 
 def route_sha256() -> str:
@@ -61,7 +61,10 @@ def route_sha256() -> str:
 
 
 _must_run = jit_rule(must_run, inline=True)
-_measure = jit_rule(la.measure, inline=True)
+_outstanding = jit_rule(la.outstanding_requests, inline=True)
+_measure = jit_rule(la.measure, inline=True, outstanding_requests=_outstanding,
+                    outstanding_tokens=jit_rule(la.outstanding_tokens, inline=True),
+                    kv_share=jit_rule(la.kv_share, inline=True))
 _measure_at = jit_rule(la.measure_at, inline=True, measure=_measure)
 _choose = jit_rule(la.choose, lightest_among=jit_rule(la.lightest_among, measure_at=_measure_at),
                    emptiest_kv=jit_rule(la.emptiest_kv, measure_at=_measure_at))
@@ -161,8 +164,8 @@ def route_span(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, 
                     board[r, la.PREFILL] += drv_i[r, D_BUF_PROMPT]
                 read_at[0] = t
             for r in range(num):  # the live outstanding requests, for the imbalance metrics
-                outstanding[j, r] = (cached[r, la.WAITING] + drv_i[r, D_BUF_N]
-                                     + cached[r, la.RUNNING])
+                outstanding[j, r] = _outstanding(cached[r, la.WAITING] + drv_i[r, D_BUF_N],
+                                                 cached[r, la.RUNNING])
             if rule == la.NO_RULE:
                 pos[0], pos[2] = j, PLACING
                 return NEED_CHOICE

@@ -79,6 +79,14 @@ def check_run_limits(horizon_s: Any, wall_clock_s: Any, max_model_len: Any = Non
         check_value(value, LIMIT_FIELDS[name], name)
 
 
+def model_len_limit(cost: Any, max_model_len: int | None | str) -> int | None:
+    """The context limit of a replica with ``cost``: ``max_model_len``, or for ``"model"``
+    the model's ``max_position_embeddings`` when the cost model has one (``None``: none)."""
+    if max_model_len == "model":
+        return getattr(getattr(cost, "model", None), "max_position_embeddings", None)
+    return max_model_len  # type: ignore[return-value]
+
+
 def check_run_args(seed: Any, num_replicas: Any) -> None:
     """Check ``sim.simulate``'s ``seed`` and ``num_replicas`` by the YAML keys' rules."""
     check_value(seed, SEED, "seed")

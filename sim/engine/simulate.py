@@ -29,7 +29,7 @@ from sim.cost.checked import checked_cost
 from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
 from sim.engine.compiled import COMPILED_COLD_MIN_REQUESTS, COMPILED_MIN_REQUESTS, Outcomes
 from sim.engine.coverage import fast_path_blocker, spec_of
-from sim.engine.inputs import check_run_args, check_run_limits, request_columns
+from sim.engine.inputs import check_run_args, check_run_limits, model_len_limit, request_columns
 from sim.engine.replica import EngineError, Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
 from sim.metrics.fields import check_metric_args
@@ -160,8 +160,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     check_measurement_window(cols["arrival_s"], warmup_s, cooldown_s)
     cost = checked_cost(cost)  # a user's model: every step time it returns is checked
     kv_config = resolve_kv(kv, cost)
-    limit: int | None = (getattr(getattr(cost, "model", None), "max_position_embeddings", None)
-                         if max_model_len == "model" else max_model_len)  # type: ignore[assignment]
+    limit = model_len_limit(cost, max_model_len)
     # Policies keep per-replica state (a static batch in flight): one instance per replica.
     policies = [make_policy(policy if k == 0 or not isinstance(policy, Policy)
                             else copy.deepcopy(policy)) for k in range(num_replicas)]

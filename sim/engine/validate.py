@@ -71,14 +71,17 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> list[int]:
         seq = get(sid) or waiting.get(sid) or preempted.get(sid)
         if seq is None or (reject and sid in reject):
             fail(rep, now, f"request {sid} is not waiting or running")
-        # the view the policy saw: every running and queued request's was built for it
-        seen = seq._view or seq.view()
-        _, _, prompt, generated, computed, _, held, _ = seen
-        left = prompt + generated - computed
+        # the view the policy saw: every running and queued request's was built for it; read
+        # by name, so a field added to ``SeqView`` changes nothing here (``num_uncomputed``
+        # inlined: its property call would cost a measurable share of the general engine)
+        seen = seq.cached_view or seq.view()
+        computed = seen.num_computed_tokens
+        left = seen.num_prompt_tokens + seen.num_generated - computed
         if n.__class__ is not int and not isinstance(n, int) or n < 1 or n > left:
             fail(rep, now, f"request {sid}: {n!r} tokens scheduled, 1..{left} allowed")
         total += n
-        need = blocks_needed(computed + n, 0 if paged else kv.floor_tokens(seen), held, bs)
+        need = blocks_needed(computed + n, 0 if paged else kv.floor_tokens(seen), seen.num_blocks,
+                             bs)
         keep(need)
         blocks += need
     if pol.max_num_batched_tokens is not None and total > pol.max_num_batched_tokens:

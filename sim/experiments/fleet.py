@@ -2,14 +2,19 @@
 
 Without a ``cluster`` block a run occupies ``parallelism.tp × parallelism.replicas`` GPUs of
 its ``hardware``. With one, each group occupies ``replicas × tp`` GPUs of its own hardware (a
-key a group leaves out takes the experiment's value, as ``sim.cluster.groups`` builds it), so
-a heterogeneous or disaggregated deployment is counted and priced GPU by GPU.
+key a group leaves out takes the experiment's value: ``sim.cluster.groups.inherit`` and
+``GROUP_FIELDS``' defaults, the rules the cluster is built by), so a heterogeneous or
+disaggregated deployment is counted and priced GPU by GPU.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from sim.cluster.groups import GROUP_FIELDS, inherit
+from sim.core.fields import validate_fields
+from sim.experiments.runner import group_defaults
 
 
 def fleet(config: Mapping[str, Any]) -> dict[str, int]:
@@ -18,11 +23,13 @@ def fleet(config: Mapping[str, Any]) -> dict[str, int]:
     cluster = config.get("cluster")
     if not cluster:
         return {config["hardware"]: int(par["tp"]) * int(par["replicas"])}
+    defaults = group_defaults(dict(config))
     out: dict[str, int] = {}
-    for g in cluster["groups"]:
-        hardware = g.get("hardware") or config["hardware"]
-        tp = g.get("tp") or par["tp"]
-        out[hardware] = out.get(hardware, 0) + int(tp) * int(g.get("replicas") or 1)
+    for i, raw in enumerate(cluster["groups"]):
+        g = validate_fields(dict(raw), GROUP_FIELDS, f"cluster.groups[{i}].")
+        keys = inherit(g, defaults)
+        hardware = keys["hardware"]
+        out[hardware] = out.get(hardware, 0) + int(keys["tp"]) * int(g["replicas"])
     return out
 
 

@@ -6,7 +6,9 @@ engine loops are untouched (no callback per step), so a run costs the same with 
 it. Requests done = arrived − waiting − running at the start of each replica's last step
 (``done_before``; rejected requests count as done). Runs shorter than one interval draw nothing.
 A compiled replica (``sim.engine.compiled``) fills its log when it ends, so its bar moves at
-replica boundaries.
+replica boundaries. A disaggregated cluster's logs count for themselves
+(``sim.metrics.live.LiveLogs``): every replica's steps, general or compiled, and the requests
+finished or rejected, wherever they finished.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from sim.metrics.live import LiveLogs
 from sim.metrics.summary import StepLog
 
 #: Wall seconds between two redraws (and before the first one).
@@ -40,8 +43,11 @@ def requests_done(logs: Sequence[StepLog], arrivals: np.ndarray) -> tuple[int, f
 
     With one log per replica (the fast path), replica ``k`` serves arrivals ``k, k + R, ...``;
     a shared log (the general engine) counts against every arrival. Exact for one replica
-    whose running requests all run each step (see ``done_before``).
+    whose running requests all run each step (see ``done_before``). ``LiveLogs`` count their
+    own (exact).
     """
+    if isinstance(logs, LiveLogs):
+        return min(logs.requests_done(), len(arrivals)), logs.reached_s()
     done, now_max = 0, 0.0
     per_replica = len(logs) > 1
     for k, log in enumerate(logs):
@@ -53,6 +59,13 @@ def requests_done(logs: Sequence[StepLog], arrivals: np.ndarray) -> tuple[int, f
         share = arrivals[k::len(logs)] if per_replica else arrivals
         done += done_before(share, start, int(waiting), int(running))
     return min(done, len(arrivals)), now_max
+
+
+def steps_taken(logs: Sequence[StepLog]) -> int:
+    """Steps the run has taken so far (those in the logs, or ``LiveLogs``' own count)."""
+    if isinstance(logs, LiveLogs):
+        return logs.num_steps()
+    return sum(len(log) for log in logs)
 
 
 class RunProgress:
@@ -108,7 +121,7 @@ class RunProgress:
             return
         done, now = requests_done(self.logs, self.arrivals)
         span = float(self.arrivals[-1])
-        steps = sum(len(log) for log in self.logs)
+        steps = steps_taken(self.logs)
         self.bar.set_postfix_str(f"sim {now:.1f} s (arrivals to {span:.1f} s), "
                                  f"{steps:,} steps", refresh=False)
         if done > self.bar.n:

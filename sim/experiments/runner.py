@@ -135,10 +135,16 @@ def cluster_args(config: dict[str, Any]) -> dict[str, Any]:
     if c["kind"] != "roofline":
         raise InputError("a cluster needs the roofline cost model (each group names its GPU)",
                          field="cluster")
-    keys = {"model": config["model"], "hardware": config["hardware"],
-            "tp": config["parallelism"]["tp"], "engine": config["engine"],
-            "weight_dtype": c["weight_dtype"], "kv_dtype": c["kv_dtype"]}
+    keys = {**group_defaults(config), "weight_dtype": c["weight_dtype"],
+            "kv_dtype": c["kv_dtype"]}
     return {"cluster": config["cluster"], "cost_keys": keys}
+
+
+def group_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """The values a run config gives the cost keys its cluster groups may leave out
+    (``sim.cluster.groups.COST_KEYS``, merged by ``sim.cluster.groups.inherit``)."""
+    return {"model": config["model"], "hardware": config["hardware"],
+            "tp": config["parallelism"]["tp"], "engine": config["engine"]}
 
 
 def kv_spec(config: dict[str, Any]) -> dict[str, Any] | None:
