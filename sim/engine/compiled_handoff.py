@@ -63,6 +63,7 @@ class HandoffCompiled(DrivenCompiled):
         self.slot_capacity = policy.slot_capacity
         self.max_model_len = max_model_len
         self.row: dict[int, int] = {}  # request id -> row in the interpreter's arrays
+        self._deadlines = spec.order == "edf" or spec.victim == "deadline"
         self.num_held = 0
         self.incoming: dict[int, tuple[Request, int, float]] = {}  # id -> (req, blocks, t)
         self._landed: list[tuple[Request, int, float, float]] = []  # rows not appended yet
@@ -82,9 +83,7 @@ class HandoffCompiled(DrivenCompiled):
         super().admit(request)
 
     def _run(self, t: float) -> None:
-        if self._landed:
-            self._args = None  # rows are appended: the arrays may grow
-        super()._run(t)
+        super()._run(t)  # (``_flush`` appends the landed rows)
         self._memo = self._cached  # ``_run`` counted the load at ``t``
 
     def _changed(self) -> None:
@@ -102,28 +101,20 @@ class HandoffCompiled(DrivenCompiled):
         if not landed:
             return
         rep = self.rep
-        k = rep.num_requests
-        reqs = [r for r, _, _, _ in landed]
-        at = np.array([t for _, _, t, _ in landed])
-        prompt = np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64)
-        rep.append(at, prompt, np.array([r.num_output_tokens for r in reqs], dtype=np.int64),
-                   np.array([r.priority for r in reqs], dtype=np.int64))
-        n = k + len(landed)
-        ri, rf = rep.req_i[k:n], rep.req_f[k:n]
-        # ``reserve_kv``: the prompt computed, its first token sampled elsewhere
-        ri[:, cp.RI_COMPUTED] = ri[:, cp.RI_MAX_HELD] = prompt
-        ri[:, cp.RI_GENERATED] = 1
-        ri[:, cp.RI_BLOCKS] = [b for _, b, _, _ in landed]
-        ri[:, cp.RI_ENTRY] = slots.NO_REASON  # the driver refused what can never fit
-        for j in range(len(landed)):
-            rep.entry_reason.pop(k + j, None)
-        rf[:, cp.RF_FIRST_TOKEN] = rf[:, cp.RF_LAST_TOKEN] = [f for _, _, _, f in landed]
-        if self.spec.order == "edf" or self.spec.victim == "deadline":  # from the arrival
-            rf[:, cp.RF_DEADLINE] = [r.arrival_s + self.spec.target_s(r.priority)
-                                     for r in reqs]
-        for j, r in enumerate(reqs):
-            self.row[r.id] = k + j
-            self.ids.append(r.id)
+        for req, blocks, at, first in landed:  # one row each (mostly one a run)
+            k = rep.append_one(at, req.num_prompt_tokens, req.num_output_tokens, req.priority)
+            ri, rf = rep.req_i, rep.req_f  # (the rows may have grown)
+            # ``reserve_kv``: the prompt computed, its first token sampled elsewhere
+            ri[k, cp.RI_COMPUTED] = ri[k, cp.RI_MAX_HELD] = req.num_prompt_tokens
+            ri[k, cp.RI_GENERATED] = 1
+            ri[k, cp.RI_BLOCKS] = blocks
+            ri[k, cp.RI_ENTRY] = slots.NO_REASON  # the driver refused what can never fit
+            rep.entry_reason.pop(k, None)
+            rf[k, cp.RF_FIRST_TOKEN] = rf[k, cp.RF_LAST_TOKEN] = first
+            if self._deadlines:  # from the arrival
+                rf[k, cp.RF_DEADLINE] = req.arrival_s + self.spec.target_s(req.priority)
+            self.row[req.id] = k
+            self.ids.append(req.id)
 
     def _poke(self) -> None:
         """A hand-off call changed the replica: an idle one plans again where it was advanced
