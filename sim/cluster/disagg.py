@@ -34,7 +34,7 @@ import numpy as np
 import simpy
 
 from routers import Router
-from sim.cluster.handoff import Side, TransferLog, blocks_to_reserve, record, trigger
+from sim.cluster.handoff import Side, TransferLog, blocks_to_reserve, record
 from sim.cluster.kv_links import Topology
 from sim.cluster.loads import LoadBoard
 from sim.cluster.network import Network
@@ -88,7 +88,6 @@ class DisaggDriver:
         self.landed: list[int] = []
         self.in_flight = 0
         self.settled = 0  # requests whose prefill finished or was rejected
-        self._wake = self.env.event()
         self._loop()
         return self.out
 
@@ -162,24 +161,25 @@ class DisaggDriver:
         env = self.env
         if not self.in_flight:
             return None if t == math.inf else max(t, math.nextafter(now, math.inf))
-        wake = env.event()
-        self._wake = wake
-        if t < math.inf:
-            timer = env.timeout(max(0.0, t - env.now))
-            timer.callbacks.append(lambda _: trigger(wake))
-        step = env.step
-        while wake.callbacks is not None:  # ``env.run(until=wake)``, without its exception
+        # the links' events up to the first landing or to ``t``: ``env.run`` until a wake-up
+        # that a landing or a timer at ``t`` triggers, without those events (they act on
+        # nothing else, so the links' events are the same, in the same order). The timer's
+        # time is SimPy's (its clock plus the delay), and the clock ends there as it would
+        at = env.now + max(0.0, t - env.now) if t < math.inf else math.inf
+        landed, step, peek = self.landed, env.step, env.peek
+        while not landed and peek() <= at:
             step()
-        while env.peek() <= env.now:  # every landing at this same instant
+        if not landed:
+            env._now = at  # the timer's instant
+        while peek() <= env.now:  # every landing at this same instant
             step()
         # the links keep their own float clock: never before the instant after ``now`` (the
         # replicas may have been advanced to it to plan at ``now``)
         return max(env.now if self.landed else t, math.nextafter(now, math.inf))
 
     def _on_landed(self, k: int) -> None:
-        self.landed.append(k)
+        self.landed.append(k)  # ``_next_time`` stops the links there
         self.in_flight -= 1
-        trigger(self._wake)
 
     # -- what happens at one instant ----------------------------------------------------------
     def _route_prefill(self, k: int, now: float) -> None:

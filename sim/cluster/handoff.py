@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import simpy
 
 from sim.cluster.loads import kv_total_blocks, replica_load
 from sim.cluster.routed import RoutingLog
@@ -63,12 +62,6 @@ def blocks_to_reserve(kv: KVConfig, watermark: float, req: Request) -> int:
     need = blocks_needed(req.num_prompt_tokens, kv.reserve_for(req.num_prompt_tokens), 0,
                          kv.block_size)
     return need + 1 + mark
-
-
-def trigger(event: simpy.Event) -> None:
-    """Succeed ``event`` unless it already was (a wake-up several causes may trigger)."""
-    if not event.triggered:
-        event.succeed()
 
 
 def record(log: RoutingLog, now: float, rid: int, choice: int, loads: Sequence) -> None:
