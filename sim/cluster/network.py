@@ -72,6 +72,7 @@ class Network:
 
     def __post_init__(self) -> None:
         self.usage = {name: LinkUsage() for name in self.links}
+        self._latency: dict[tuple[str, ...], float] = {}  # of each path used so far
         self._changed = self.env.event()
         self._last_s = self.env.now
         self.env.process(self._run())
@@ -95,7 +96,9 @@ class Network:
 
     def _start(self, path: tuple[str, ...], nbytes: float, done: simpy.Event) -> None:
         """Wait out the path's latency, then let the bytes flow."""
-        latency = sum(self.links[name].latency_s for name in path)
+        latency = self._latency.get(path)
+        if latency is None:  # the same sum, once per path
+            latency = self._latency[path] = sum(self.links[name].latency_s for name in path)
         if latency > 0:
             wait = self.env.timeout(latency)
             wait.callbacks.append(lambda _: self._flow(path, nbytes, done))
@@ -149,7 +152,8 @@ class Network:
 
 def fair_rates(flows: Sequence[Flow], links: Mapping[str, LinkSpec]) -> None:
     """Set each flow's max-min fair rate (progressive filling over the links they cross)."""
-    left = {name: spec.bandwidth_bytes_per_s for name, spec in links.items()}
+    # the bandwidth left on each link the flows cross (no other link is read)
+    left = {name: links[name].bandwidth_bytes_per_s for f in flows for name in f.path}
     pending = list(flows)
     while pending:
         users: dict[str, int] = {}
