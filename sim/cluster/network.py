@@ -12,7 +12,7 @@ started together on one link each take twice the bandwidth time.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -73,9 +73,10 @@ class Network:
     def __post_init__(self) -> None:
         self.usage = {name: LinkUsage() for name in self.links}
         self._latency: dict[tuple[str, ...], float] = {}  # of each path used so far
-        self._changed = self.env.event()
         self._last_s = self.env.now
-        self.env.process(self._run())
+        # its first round now: a process would run it on its start event, at this instant,
+        # with no flow yet to rate either way
+        self._control()
 
     def transfer(self, path: Sequence[str], nbytes: float) -> simpy.Event:
         """Start moving ``nbytes`` over ``path`` now; the event fires when the last byte lands
@@ -134,20 +135,21 @@ class Network:
                 self.usage[name].busy_s += dt
         self._last_s = now
 
-    def _run(self) -> Generator[simpy.Event, object, None]:
-        """The controller: re-rate the flows at each start or end, wake at the next end."""
-        while True:
-            self._advance()
-            for f in [f for f in self.flows if f.remaining <= _DONE_BYTES * max(1.0, f.nbytes)]:
-                self.flows.remove(f)
-                f.done.succeed(self.env.now)
-            fair_rates(self.flows, self.links)
-            self._changed = self.env.event()
-            waits: list[simpy.Event] = [self._changed]
-            if self.flows:
-                dt = min(f.remaining / f.rate for f in self.flows)
-                waits.append(self.env.timeout(dt))
-            yield self.env.any_of(waits)
+    def _control(self, _: simpy.Event | None = None) -> None:
+        """The controller: re-rate the flows at each start or end, wake at the next end. A
+        callback of the condition it waits on, which runs it where a process waiting on that
+        condition would resume (the same events, without a generator's resumes)."""
+        self._advance()
+        for f in [f for f in self.flows if f.remaining <= _DONE_BYTES * max(1.0, f.nbytes)]:
+            self.flows.remove(f)
+            f.done.succeed(self.env.now)
+        fair_rates(self.flows, self.links)
+        self._changed = self.env.event()
+        waits: list[simpy.Event] = [self._changed]
+        if self.flows:
+            dt = min(f.remaining / f.rate for f in self.flows)
+            waits.append(self.env.timeout(dt))
+        self.env.any_of(waits).callbacks.append(self._control)
 
 
 def fair_rates(flows: Sequence[Flow], links: Mapping[str, LinkSpec]) -> None:
