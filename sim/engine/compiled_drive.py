@@ -131,6 +131,25 @@ def advance_and_count(s, until_s, t):  # noqa: ANN001, ANN201
     return code
 
 
+@njit(**KERNEL)
+def count_now(s, t):  # noqa: ANN001, ANN201
+    """``load_now`` at ``t`` of the packed arrays ``s``, into ``s.out``."""
+    load_now(s.req_i, s.req_f, s.running, s.hitems, s.pending, s.plan_idx, s.plan_n, s.log_i,
+             s.st_i, s.st_f, t, s.out)
+
+
+@njit(**KERNEL)
+def any_preempted(s):  # noqa: ANN001, ANN201
+    """Whether a preempted request waits to be recomputed (pending, or in the waiting heap
+    with a preempted rank) in the packed arrays ``s``."""
+    if s.st_i[loop.S_N_PENDING]:
+        return True
+    for h in range(s.st_i[loop.S_N_HEAP]):
+        if s.hranks[h] < 0:
+            return True
+    return False
+
+
 class DrivenCompiled:
     """One replica on the compiled interpreter behind the drive API (module docstring)."""
 
@@ -172,10 +191,8 @@ class DrivenCompiled:
         """Hand the buffered requests over, run to just before ``t``, read the load."""
         self._flush()
         rep = self.rep
-        if self._args is None or self._layout != rep.layout:  # an array was replaced
-            self._args, self._layout = pack(rep, self._load), rep.layout
         until = math.nextafter(t, -math.inf) if t < math.inf else t
-        code = advance_and_count(self._args, until, t)
+        code = advance_and_count(self._packed(), until, t)
         if code != loop.PAUSED and code != loop.IDLE:  # a full buffer, the end, a stall
             code = rep.advance_until(until)
             load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
@@ -184,6 +201,14 @@ class DrivenCompiled:
         self._now = rep.st_f.item(0)
         self._straddle = self._now > t
         self._cached = self._load.tolist()
+
+    def _packed(self) -> ReplicaArrays:
+        """The replica's arrays and the load buffer, packed (again when one was replaced or
+        resized since)."""
+        rep = self.rep
+        if self._args is None or self._layout != rep.layout:
+            self._args, self._layout = pack(rep, self._load), rep.layout
+        return self._args
 
     def _flush(self) -> None:
         """Append the buffered requests to the interpreter's arrays."""

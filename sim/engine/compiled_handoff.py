@@ -23,8 +23,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from sim.core.routing import ReplicaLoad
 from sim.core.rules import blocks_needed
 from sim.core.scheduling import SchedulingSpec
@@ -38,7 +36,8 @@ from sim.engine.compiled_drive import (
     Q_RUNNING,
     Q_USED,
     DrivenCompiled,
-    load_now,
+    any_preempted,
+    count_now,
 )
 from sim.engine.compiled_queue import push
 from sim.engine.coverage import spec_of
@@ -68,7 +67,6 @@ class HandoffCompiled(DrivenCompiled):
         self.incoming: dict[int, tuple[Request, int, float]] = {}  # id -> (req, blocks, t)
         self._landed: list[tuple[Request, int, float, float]] = []  # rows not appended yet
         self._cursor = 0  # the last settled row read, + 1
-        self._out = np.zeros(5, dtype=np.int64)
         # ``load_now``'s count, kept until the replica runs or a hand-off call changes it
         # (``_changed``; None: count again). Between those the count is the same at every
         # instant the driver reads it: a replica whose count would differ at ``t`` (its step
@@ -224,11 +222,9 @@ class HandoffCompiled(DrivenCompiled):
     # -- what the driver reads ----------------------------------------------------------------
     def _counted(self, now_s: float) -> list[int]:
         """``load_now`` at ``now_s`` (``Q_*`` slots), counted once per state (``_memo``)."""
-        if self._memo is None:
-            rep, out = self.rep, self._out
-            load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
-                     rep.plan_n, rep.log_i, rep.st_i, rep.st_f, now_s, out)
-            self._memo = out.tolist()
+        if self._memo is None:  # (the run's load buffer: ``_run`` keeps a copy of its own)
+            count_now(self._packed(), now_s)
+            self._memo = self._load.tolist()
         return self._memo
 
     def used_blocks(self, now_s: float) -> int:
@@ -256,9 +252,7 @@ class HandoffCompiled(DrivenCompiled):
 
     def has_preempted(self) -> bool:
         """A preempted request waits to be recomputed."""
-        rep = self.rep
-        n_heap = int(rep.st_i[slots.S_N_HEAP])
-        return bool(rep.st_i[slots.S_N_PENDING]) or bool((rep.hranks[:n_heap] < 0).any())
+        return any_preempted(self._packed())
 
     @property
     def done(self) -> bool:

@@ -50,7 +50,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "5177fba98d198b255744292bef9db38fb2221d5adc249a081210a15bfa3a5411"
+ROUTE_SHA256 = "e6ba625656a8bc32dd8e6d33a10795a2ddef2040fd347159d63f4360c3766841"
 ROUTE_SOURCES = ("sim/core/load_arrays.py", "sim/engine/compiled_drive.py",
                  "sim/engine/compiled_loop.py")
 
