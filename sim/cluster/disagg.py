@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -39,6 +39,7 @@ from sim.cluster.kv_links import Topology
 from sim.cluster.loads import LoadBoard
 from sim.cluster.network import Network
 from sim.cluster.routed import PrefixChains, RoutingLog, arrival_of
+from sim.core import load_arrays as la
 from sim.core.errors import InputError
 from sim.core.load_arrays import WAITING, Loads
 from sim.core.types import Request
@@ -77,6 +78,8 @@ class DisaggDriver:
         self.decode_board = LoadBoard(self.decode, self.decode_router.refresh_s,
                                       self.weights[1] or None)
         self.chains = PrefixChains(self.block_tokens)
+        self._pick = self._picker(self.router, self.prefill)
+        self._pick_decode = self._picker(self.decode_router, self.decode)
         self.reqs = reqs
         self.pos = {r.id: k for k, r in enumerate(reqs)}
         self.admitted: dict[int, Request] = {}  # what each prefill replica was handed, by id
@@ -90,6 +93,20 @@ class DisaggDriver:
         self.settled = 0  # requests whose prefill finished or was rejected
         self._loop()
         return self.out
+
+    def _picker(self, router: Router, sides: Sequence[Side]) -> Callable[[Request, Loads], int]:
+        """How ``router`` picks one of ``sides``: ``router.route``; or, over compiled replicas
+        (numba is loaded), the router's whole rule when it has one (``Router.rule``),
+        compiled, as the compiled routing loop applies it (``sim.engine.compiled_route``)."""
+        rule = type(router).__dict__.get("rule", la.NO_RULE)
+        if rule == la.NO_RULE or not all(getattr(s, "routes_compiled", False) for s in sides):
+            chains = self.chains
+            return lambda req, loads: router.route(arrival_of(req, chains), loads)
+        from sim.engine.compiled_route import choose
+
+        everyone = np.arange(len(sides), dtype=np.int64)
+        return lambda req, loads: choose(rule, loads.counts, loads.weight, loads.kv_total,
+                                         everyone)
 
     def _collect(self, now: float) -> None:
         """The prefills that finished (or were rejected) by ``now``."""
@@ -185,7 +202,7 @@ class DisaggDriver:
     def _route_prefill(self, k: int, now: float) -> None:
         req = self.reqs[k]
         loads = self.board.read_loads(now)
-        choice = self.router.route(arrival_of(req, self.chains), loads)
+        choice = self._pick(req, loads)
         if not 0 <= choice < len(self.prefill):
             raise RuntimeError(f"router {self.router.name!r} chose prefill replica {choice} "
                                f"of {len(self.prefill)}")
@@ -206,7 +223,7 @@ class DisaggDriver:
                 self.prefill[self.out.prefill_replica[k]].release_held(req.id)
                 continue
             loads = self._decode_loads(now)
-            choice = self.decode_router.route(arrival_of(req, self.chains), loads)
+            choice = self._pick_decode(req, loads)
             if not 0 <= choice < len(self.decode):
                 raise RuntimeError(f"decode router {self.decode_router.name!r} chose decode "
                                    f"replica {choice} of {len(self.decode)}")

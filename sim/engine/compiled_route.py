@@ -63,8 +63,10 @@ def route_sha256() -> str:
 _must_run = jit_rule(must_run, inline=True)
 _measure = jit_rule(la.measure, inline=True)
 _measure_at = jit_rule(la.measure_at, inline=True, measure=_measure)
-_choose = jit_rule(la.choose, lightest_among=jit_rule(la.lightest_among, measure_at=_measure_at),
-                   emptiest_kv=jit_rule(la.emptiest_kv, measure_at=_measure_at))
+#: ``sim.core.load_arrays.choose`` compiled: the routing loop's choice, and the one a
+#: disaggregated driver over compiled replicas makes per decision (``sim.cluster.disagg``).
+choose = jit_rule(la.choose, lightest_among=jit_rule(la.lightest_among, measure_at=_measure_at),
+                  emptiest_kv=jit_rule(la.emptiest_kv, measure_at=_measure_at))
 
 #: The per-replica arrays of ``compiled_loop.run``, in its argument order (``until_s`` and
 #: ``max_steps`` aside).
@@ -166,7 +168,7 @@ def route_span(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, 
             if rule == la.NO_RULE:
                 pos[0], pos[2] = j, PLACING
                 return NEED_CHOICE
-            c = _choose(rule, board, weight, kv_total, everyone)
+            c = choose(rule, board, weight, kv_total, everyone)
             stage = PLACING
         else:
             c = pos[3]
