@@ -137,8 +137,8 @@ class Network:
 
     def _control(self, _: simpy.Event | None = None) -> None:
         """The controller: re-rate the flows at each start or end, wake at the next end. A
-        callback of the condition it waits on, which runs it where a process waiting on that
-        condition would resume (the same events, without a generator's resumes)."""
+        callback of the event it waits on, which runs it where a process waiting on that
+        event would resume (the same events, without a generator's resumes)."""
         self._advance()
         for f in [f for f in self.flows if f.remaining <= _DONE_BYTES * max(1.0, f.nbytes)]:
             self.flows.remove(f)
@@ -149,7 +149,17 @@ class Network:
         if self.flows:
             dt = min(f.remaining / f.rate for f in self.flows)
             waits.append(self.env.timeout(dt))
-        self.env.any_of(waits).callbacks.append(self._control)
+        # ``env.any_of(waits)`` without a condition's bookkeeping: an event the first of them
+        # triggers (scheduled then, as the condition would be), whose callback is the next
+        # round
+        wake = self.env.event()
+
+        def first(_: simpy.Event) -> None:
+            if not wake.triggered:
+                wake.succeed()
+        for w in waits:
+            w.callbacks.append(first)
+        wake.callbacks.append(self._control)
 
 
 def fair_rates(flows: Sequence[Flow], links: Mapping[str, LinkSpec]) -> None:
