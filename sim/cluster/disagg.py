@@ -121,9 +121,11 @@ class DisaggDriver:
     def _loop(self) -> None:
         reqs, nxt, now = self.reqs, 0, 0.0
         everyone = [*self.prefill, *self.decode]
+        advance = [rep.advance_until for rep in everyone]  # bound once: calls per event
+        plan = [rep.plan_at for rep in everyone]
         while True:
-            for rep in everyone:
-                rep.advance_until(now)
+            for run in advance:
+                run(now)
             self._collect(now)
             self._land(now)
             while nxt < len(reqs) and reqs[nxt].arrival_s <= now:
@@ -139,8 +141,8 @@ class DisaggDriver:
             if closed and self._drained():
                 break
             ahead = math.nextafter(now, math.inf)
-            for rep in everyone:  # plan at ``now``, after everything that happened at ``now``
-                rep.plan_at(ahead)
+            for run in plan:  # plan at ``now``, after everything that happened at ``now``
+                run(ahead)
             later = self._next_time(now, reqs[nxt].arrival_s if nxt < len(reqs) else math.inf)
             if later is None and self._break_stall(now):
                 now = math.nextafter(now, math.inf)  # where the replicas were planned to
@@ -289,8 +291,17 @@ class DisaggDriver:
         self.out.kv_start_s[k] = now
         self.out.kv_bytes[k] = nbytes
         self.out.num_transfers[k] += 1
-        if self.env.now < now:  # the links' clock catches up with the cluster's
-            self.env.run(until=now)
+        env = self.env
+        if env.now < now:  # the links' clock catches up with the cluster's
+            # ``env.run(until=now)`` without its stop event and exception: the events before
+            # the stop's time (the clock plus the delay, as SimPy places it; an urgent stop
+            # there precedes any timeout at that time, and starts are scheduled at the
+            # clock), and the clock ends there
+            at = env.now + (now - env.now)
+            step, peek = env.step, env.peek
+            while peek() < at:
+                step()
+            env._now = at
         src, dst = p, len(self.prefill) + d
         flows = self.topology.flows(src, dst, nbytes)  # one at least (TP >= 1 on both sides)
         self.in_flight += 1

@@ -70,7 +70,7 @@ def record(log: RoutingLog, now: float, rid: int, choice: int, loads: Sequence) 
     log.request_id.append(rid)
     log.replica.append(choice)
     if isinstance(loads, Loads):  # each ``ReplicaLoad.num_outstanding``, of the arrays
-        log.outstanding.append((loads.counts[:, WAITING] + loads.counts[:, RUNNING]).tolist())
+        log.outstanding.append([row[WAITING] + row[RUNNING] for row in loads.counts.tolist()])
     else:
         log.outstanding.append([s.num_outstanding for s in loads])
 

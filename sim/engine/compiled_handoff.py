@@ -215,9 +215,10 @@ class HandoffCompiled(DrivenCompiled):
             self._idle = False
         return True
 
-    def plan_at(self, ahead: float) -> None:
-        """Plan at the instant just before ``ahead`` (when there is anything to plan)."""
-        self.advance_until(ahead)
+    #: Plan at the instant just before ``ahead`` (when there is anything to plan):
+    #: ``advance_until(ahead)`` itself (a call per replica and driver event, without a frame
+    #: of its own).
+    plan_at = DrivenCompiled.advance_until
 
     # -- what the driver reads ----------------------------------------------------------------
     def _counted(self, now_s: float) -> list[int]:
