@@ -126,7 +126,8 @@ class CompiledReplica:
         self.entry_reason: dict[int, str] = {}
         from sim.engine import compiled_plan as cp
         self._cp = cp  # the column numbers ``_fill`` writes (numba loads with the loop)
-        self._deadlines = spec.order == "edf" or spec.victim == "deadline"
+        #: Requests carry a deadline (edf order or deadline victims), set from the arrival.
+        self.deadlines = spec.order == "edf" or spec.victim == "deadline"
         self._room_for = 0  # requests the arrays hold without growing (``_make_room``)
         #: Counts the times an array was replaced or resized (a caller that keeps references
         #: to them takes them again when it changed).
@@ -153,7 +154,7 @@ class CompiledReplica:
         spec = self.spec
         deadline = ([a + spec.target_s(int(q)) for a, q in
                      zip(arrival.tolist(), pri.tolist(), strict=True)]
-                    if self._deadlines else None)
+                    if self.deadlines else None)
         self._fill(slice(k, n), arrival, prompt, out, pri, deadline)
         self._reject_on_entry(k, prompt, out)
         self.st_i[slots.S_KNOWN] = n
@@ -163,7 +164,7 @@ class CompiledReplica:
         writes instead of arrays of one element; returns its row."""
         k = int(self.st_i[slots.S_KNOWN])
         self._make_room(k + 1)
-        deadline = arrival_s + self.spec.target_s(priority) if self._deadlines else None
+        deadline = arrival_s + self.spec.target_s(priority) if self.deadlines else None
         self._fill(k, arrival_s, prompt, out, priority, deadline)
         self._reject_on_entry(k, (prompt,), (out,))
         self.st_i[slots.S_KNOWN] = k + 1

@@ -62,7 +62,6 @@ class HandoffCompiled(DrivenCompiled):
         self.slot_capacity = policy.slot_capacity
         self.max_model_len = max_model_len
         self.row: dict[int, int] = {}  # request id -> row in the interpreter's arrays
-        self._deadlines = spec.order == "edf" or spec.victim == "deadline"
         self.num_held = 0
         self.incoming: dict[int, tuple[Request, int, float]] = {}  # id -> (req, blocks, t)
         self._landed: list[tuple[Request, int, float, float]] = []  # rows not appended yet
@@ -109,7 +108,7 @@ class HandoffCompiled(DrivenCompiled):
             ri[k, cp.RI_ENTRY] = slots.NO_REASON  # the driver refused what can never fit
             rep.entry_reason.pop(k, None)
             rf[k, cp.RF_FIRST_TOKEN] = rf[k, cp.RF_LAST_TOKEN] = first
-            if self._deadlines:  # from the arrival
+            if rep.deadlines:  # from the arrival, not the landing
                 rf[k, cp.RF_DEADLINE] = req.arrival_s + self.spec.target_s(req.priority)
             self.row[req.id] = k
             self.ids.append(req.id)
