@@ -58,7 +58,7 @@ def test_each_rule_picks_the_same_replica_in_python_compiled_and_by_definition(l
     everyone = np.arange(len(loads), dtype=np.int64)
     python = la.choose(rule, arrays.counts, arrays.weight, arrays.kv_total, everyone)
     assert python == _definition(loads, rule)
-    assert cr._choose(rule, arrays.counts, arrays.weight, arrays.kv_total, everyone) == python
+    assert cr.choose(rule, arrays.counts, arrays.weight, arrays.kv_total, everyone) == python
 
 
 @settings(max_examples=50, deadline=None)

@@ -29,11 +29,12 @@ from sim.core.arrays import TraceArrays
 from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
-from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
+from sim.cost.validity import VALIDITY_COLUMNS, VALIDITY_INPUTS, validity_counts
 from sim.engine.inputs import check_run_limits, model_len_limit, request_columns
 from sim.engine.replica import Replica
 from sim.engine.simulate import SimResult, engine_profile
 from sim.kv.config import resolve_kv
+from sim.metrics.steplog import merged_table
 from sim.metrics.summary import StepLog, canonical_irregular, request_table, summarize
 
 
@@ -122,11 +123,7 @@ def _result(run: _Run, groups: list[Group], router: Router, seed: int, warmup_s:
     routing = run.routing if driver is None else driver.log
     names = np.array([g.name for g in owner], dtype=object)
     table.insert(list(table.columns).index("replica") + 1, "group", names[table["replica"]])
-    tables = [log.table() for log in logs if len(log)]
-    steps = pd.concat(tables, ignore_index=True) if len(tables) > 1 else (
-        tables[0] if tables else logs[0].table())
-    if len(steps):
-        steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(drop=True)
+    steps = merged_table(logs)
     steps["group"] = names[steps["replica"].to_numpy()] if len(steps) else pd.Series(
         dtype=object)
     runs = tuple(np.concatenate(parts) for parts in
@@ -138,8 +135,10 @@ def _result(run: _Run, groups: list[Group], router: Router, seed: int, warmup_s:
     else:  # each side over its own replicas
         n_p = len(driver.prefill)
         side = steps["replica"].to_numpy() < n_p if len(steps) else np.zeros(0, bool)
-        summary.update(imbalance(routing, steps[side], n_p))
-        decode_steps = steps[~side].assign(replica=steps["replica"][~side] - n_p)
+        # what ``imbalance`` reads of the steps: not a copy of every column for each side
+        busy = steps[["replica", "duration_s"]] if len(steps) else steps
+        summary.update(imbalance(routing, busy[side], n_p))
+        decode_steps = busy[~side].assign(replica=busy["replica"][~side] - n_p)
         summary.update({f"decode_{k}": v for k, v in imbalance(
             driver.decode_log, decode_steps, len(driver.decode)).items()})
     summary.update(router=router.name, seed=seed)
@@ -186,9 +185,11 @@ def _summary(table: pd.DataFrame, steps: pd.DataFrame, runs: tuple[np.ndarray, .
                     kv_block_size=sizes.pop() if len(sizes) == 1 else None, **window)
     # steps inside each group's fitted range, under that group's cost model
     valid = dict.fromkeys(VALIDITY_COLUMNS, 0)
+    # the columns ``validity_counts`` reads, not a copy of every column for each group
+    shapes = steps[list(VALIDITY_INPUTS)] if len(steps) else steps
     for g in {id(o): o for o in owner}.values():
         mine = [rep.index for rep, o in zip(replicas, owner, strict=True) if o is g]
-        part = validity_counts(steps[steps["replica"].isin(mine)] if len(steps) else steps,
+        part = validity_counts(shapes[steps["replica"].isin(mine)] if len(steps) else steps,
                                g.cost)
         for key in valid:
             valid[key] += part[key]

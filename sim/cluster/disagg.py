@@ -27,18 +27,19 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import simpy
 
 from routers import Router
-from sim.cluster.handoff import Side, TransferLog, blocks_to_reserve, record, trigger
+from sim.cluster.handoff import Side, TransferLog, blocks_to_reserve, record
 from sim.cluster.kv_links import Topology
 from sim.cluster.loads import LoadBoard
 from sim.cluster.network import Network
 from sim.cluster.routed import PrefixChains, RoutingLog, arrival_of
+from sim.core import load_arrays as la
 from sim.core.errors import InputError
 from sim.core.load_arrays import WAITING, Loads
 from sim.core.types import Request
@@ -80,6 +81,8 @@ class DisaggDriver:
         self.decode_board = LoadBoard(self.decode, self.decode_router.refresh_s,
                                       self.weights[1] or None)
         self.chains = PrefixChains(self.block_tokens)
+        self._pick = self._picker(self.router, self.prefill)
+        self._pick_decode = self._picker(self.decode_router, self.decode)
         self.reqs = reqs
         self.pos = {r.id: k for k, r in enumerate(reqs)}
         self.admitted: dict[int, Request] = {}  # what each prefill replica was handed, by id
@@ -92,9 +95,22 @@ class DisaggDriver:
         self.in_flight = 0
         self.settled = 0  # requests whose prefill finished or was rejected
         self.num_ended_on_prefill = 0
-        self._wake = self.env.event()
         self._loop()
         return self.out
+
+    def _picker(self, router: Router, sides: Sequence[Side]) -> Callable[[Request, Loads], int]:
+        """How ``router`` picks one of ``sides``: ``router.route``; or, over compiled replicas
+        (numba is loaded), the router's whole rule when it has one (``Router.rule``),
+        compiled, as the compiled routing loop applies it (``sim.engine.compiled_route``)."""
+        rule = type(router).__dict__.get("rule", la.NO_RULE)
+        if rule == la.NO_RULE or not all(getattr(s, "routes_compiled", False) for s in sides):
+            chains = self.chains
+            return lambda req, loads: router.route(arrival_of(req, chains), loads)
+        from sim.engine.compiled_route import choose
+
+        everyone = np.arange(len(sides), dtype=np.int64)
+        return lambda req, loads: choose(rule, loads.counts, loads.weight, loads.kv_total,
+                                         everyone)
 
     def _collect(self, now: float) -> None:
         """The prefills that finished (or were rejected) by ``now``."""
@@ -111,9 +127,11 @@ class DisaggDriver:
     def _loop(self) -> None:
         reqs, nxt, now = self.reqs, 0, 0.0
         everyone = [*self.prefill, *self.decode]
+        advance = [rep.advance_until for rep in everyone]  # bound once: calls per event
+        plan = [rep.plan_at for rep in everyone]
         while True:
-            for rep in everyone:
-                rep.advance_until(now)
+            for run in advance:
+                run(now)
             self._collect(now)
             self._land(now)
             while nxt < len(reqs) and reqs[nxt].arrival_s <= now:
@@ -129,8 +147,8 @@ class DisaggDriver:
             if closed and self._drained():
                 break
             ahead = math.nextafter(now, math.inf)
-            for rep in everyone:  # plan at ``now``, after everything that happened at ``now``
-                rep.plan_at(ahead)
+            for run in plan:  # plan at ``now``, after everything that happened at ``now``
+                run(ahead)
             later = self._next_time(now, reqs[nxt].arrival_s if nxt < len(reqs) else math.inf)
             if later is None and self._break_stall(now):
                 now = math.nextafter(now, math.inf)  # where the replicas were planned to
@@ -173,30 +191,31 @@ class DisaggDriver:
         env = self.env
         if not self.in_flight:
             return None if t == math.inf else max(t, math.nextafter(now, math.inf))
-        wake = env.event()
-        self._wake = wake
-        if t < math.inf:
-            timer = env.timeout(max(0.0, t - env.now))
-            timer.callbacks.append(lambda _: trigger(wake))
-        step = env.step
-        while wake.callbacks is not None:  # ``env.run(until=wake)``, without its exception
+        # the links' events up to the first landing or to ``t``: ``env.run`` until a wake-up
+        # that a landing or a timer at ``t`` triggers, without those events (they act on
+        # nothing else, so the links' events are the same, in the same order). The timer's
+        # time is SimPy's (its clock plus the delay), and the clock ends there as it would
+        at = env.now + max(0.0, t - env.now) if t < math.inf else math.inf
+        landed, step, peek = self.landed, env.step, env.peek
+        while not landed and peek() <= at:
             step()
-        while env.peek() <= env.now:  # every landing at this same instant
+        if not landed:
+            env._now = at  # the timer's instant
+        while peek() <= env.now:  # every landing at this same instant
             step()
         # the links keep their own float clock: never before the instant after ``now`` (the
         # replicas may have been advanced to it to plan at ``now``)
         return max(env.now if self.landed else t, math.nextafter(now, math.inf))
 
     def _on_landed(self, k: int) -> None:
-        self.landed.append(k)
+        self.landed.append(k)  # ``_next_time`` stops the links there
         self.in_flight -= 1
-        trigger(self._wake)
 
     # -- what happens at one instant ----------------------------------------------------------
     def _route_prefill(self, k: int, now: float) -> None:
         req = self.reqs[k]
         loads = self.board.read_loads(now)
-        choice = self.router.route(arrival_of(req, self.chains), loads)
+        choice = self._pick(req, loads)
         if not 0 <= choice < len(self.prefill):
             raise RuntimeError(f"router {self.router.name!r} chose prefill replica {choice} "
                                f"of {len(self.prefill)}")
@@ -218,7 +237,7 @@ class DisaggDriver:
                 self.num_ended_on_prefill += 1
                 continue
             loads = self._decode_loads(now)
-            choice = self.decode_router.route(arrival_of(req, self.chains), loads)
+            choice = self._pick_decode(req, loads)
             if not 0 <= choice < len(self.decode):
                 raise RuntimeError(f"decode router {self.decode_router.name!r} chose decode "
                                    f"replica {choice} of {len(self.decode)}")
@@ -284,8 +303,17 @@ class DisaggDriver:
         self.out.kv_start_s[k] = now
         self.out.kv_bytes[k] = nbytes
         self.out.num_transfers[k] += 1
-        if self.env.now < now:  # the links' clock catches up with the cluster's
-            self.env.run(until=now)
+        env = self.env
+        if env.now < now:  # the links' clock catches up with the cluster's
+            # ``env.run(until=now)`` without its stop event and exception: the events before
+            # the stop's time (the clock plus the delay, as SimPy places it; an urgent stop
+            # there precedes any timeout at that time, and starts are scheduled at the
+            # clock), and the clock ends there
+            at = env.now + (now - env.now)
+            step, peek = env.step, env.peek
+            while peek() < at:
+                step()
+            env._now = at
         src, dst = p, len(self.prefill) + d
         flows = self.topology.flows(src, dst, nbytes)  # one at least (TP >= 1 on both sides)
         self.in_flight += 1

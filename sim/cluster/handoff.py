@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import simpy
 
 from sim.cluster.loads import kv_total_blocks, replica_load
 from sim.cluster.routed import RoutingLog
-from sim.core.load_arrays import Loads, outstanding_of
+from sim.core.load_arrays import RUNNING, WAITING, Loads
+from sim.core.load_rules import outstanding_requests
 from sim.core.routing import ReplicaLoad
 from sim.core.rules import blocks_needed, watermark_blocks
 from sim.core.types import Request
@@ -65,19 +65,14 @@ def blocks_to_reserve(kv: KVConfig, watermark: float, req: Request) -> int:
     return need + 1 + mark
 
 
-def trigger(event: simpy.Event) -> None:
-    """Succeed ``event`` unless it already was (a wake-up several causes may trigger)."""
-    if not event.triggered:
-        event.succeed()
-
-
 def record(log: RoutingLog, now: float, rid: int, choice: int, loads: Sequence) -> None:
     """Log one routing decision with every replica's outstanding requests then."""
     log.time_s.append(now)
     log.request_id.append(rid)
     log.replica.append(choice)
     if isinstance(loads, Loads):  # each ``ReplicaLoad.num_outstanding``, of the arrays
-        log.outstanding.append(outstanding_of(loads.counts).tolist())
+        log.outstanding.append([outstanding_requests(row[WAITING], row[RUNNING])
+                                for row in loads.counts.tolist()])
     else:
         log.outstanding.append([s.num_outstanding for s in loads])
 

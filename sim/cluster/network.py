@@ -12,7 +12,7 @@ started together on one link each take twice the bandwidth time.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -72,9 +72,11 @@ class Network:
 
     def __post_init__(self) -> None:
         self.usage = {name: LinkUsage() for name in self.links}
-        self._changed = self.env.event()
+        self._latency: dict[tuple[str, ...], float] = {}  # of each path used so far
         self._last_s = self.env.now
-        self.env.process(self._run())
+        # its first round now: a process would run it on its start event, at this instant,
+        # with no flow yet to rate either way
+        self._control()
 
     def transfer(self, path: Sequence[str], nbytes: float) -> simpy.Event:
         """Start moving ``nbytes`` over ``path`` now; the event fires when the last byte lands
@@ -95,7 +97,9 @@ class Network:
 
     def _start(self, path: tuple[str, ...], nbytes: float, done: simpy.Event) -> None:
         """Wait out the path's latency, then let the bytes flow."""
-        latency = sum(self.links[name].latency_s for name in path)
+        latency = self._latency.get(path)
+        if latency is None:  # the same sum, once per path
+            latency = self._latency[path] = sum(self.links[name].latency_s for name in path)
         if latency > 0:
             wait = self.env.timeout(latency)
             wait.callbacks.append(lambda _: self._flow(path, nbytes, done))
@@ -131,25 +135,37 @@ class Network:
                 self.usage[name].busy_s += dt
         self._last_s = now
 
-    def _run(self) -> Generator[simpy.Event, object, None]:
-        """The controller: re-rate the flows at each start or end, wake at the next end."""
-        while True:
-            self._advance()
-            for f in [f for f in self.flows if f.remaining <= _DONE_BYTES * max(1.0, f.nbytes)]:
-                self.flows.remove(f)
-                f.done.succeed(self.env.now)
-            fair_rates(self.flows, self.links)
-            self._changed = self.env.event()
-            waits: list[simpy.Event] = [self._changed]
-            if self.flows:
-                dt = min(f.remaining / f.rate for f in self.flows)
-                waits.append(self.env.timeout(dt))
-            yield self.env.any_of(waits)
+    def _control(self, _: simpy.Event | None = None) -> None:
+        """The controller: re-rate the flows at each start or end, wake at the next end. A
+        callback of the event it waits on, which runs it where a process waiting on that
+        event would resume (the same events, without a generator's resumes)."""
+        self._advance()
+        for f in [f for f in self.flows if f.remaining <= _DONE_BYTES * max(1.0, f.nbytes)]:
+            self.flows.remove(f)
+            f.done.succeed(self.env.now)
+        fair_rates(self.flows, self.links)
+        self._changed = self.env.event()
+        waits: list[simpy.Event] = [self._changed]
+        if self.flows:
+            dt = min(f.remaining / f.rate for f in self.flows)
+            waits.append(self.env.timeout(dt))
+        # ``env.any_of(waits)`` without a condition's bookkeeping: an event the first of them
+        # triggers (scheduled then, as the condition would be), whose callback is the next
+        # round
+        wake = self.env.event()
+
+        def first(_: simpy.Event) -> None:
+            if not wake.triggered:
+                wake.succeed()
+        for w in waits:
+            w.callbacks.append(first)
+        wake.callbacks.append(self._control)
 
 
 def fair_rates(flows: Sequence[Flow], links: Mapping[str, LinkSpec]) -> None:
     """Set each flow's max-min fair rate (progressive filling over the links they cross)."""
-    left = {name: spec.bandwidth_bytes_per_s for name, spec in links.items()}
+    # the bandwidth left on each link the flows cross (no other link is read)
+    left = {name: links[name].bandwidth_bytes_per_s for f in flows for name in f.path}
     pending = list(flows)
     while pending:
         users: dict[str, int] = {}

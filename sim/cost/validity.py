@@ -21,6 +21,8 @@ import pandas as pd
 
 #: The summary columns this module adds.
 VALIDITY_COLUMNS = ("steps_calibrated", "steps_extrapolated", "steps_datasheet_only")
+#: The step columns ``validity_counts`` reads (a caller may hand it just these).
+VALIDITY_INPUTS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "kv_live_tokens")
 
 
 @dataclass(frozen=True)

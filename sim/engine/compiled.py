@@ -124,6 +124,14 @@ class CompiledReplica:
         self.st_f = np.zeros(1)
         self.residues = np.zeros(kv.block_size, dtype=np.int64)  # a stretch's block counts
         self.entry_reason: dict[int, str] = {}
+        from sim.engine import compiled_plan as cp
+        self._cp = cp  # the column numbers ``_fill`` writes (numba loads with the loop)
+        #: Requests carry a deadline (edf order or deadline victims), set from the arrival.
+        self.deadlines = spec.order == "edf" or spec.victim == "deadline"
+        self._room_for = 0  # requests the arrays hold without growing (``_make_room``)
+        #: Counts the times an array was replaced or resized (a caller that keeps references
+        #: to them takes them again when it changed).
+        self.layout = 0
 
     @property
     def num_requests(self) -> int:
@@ -133,12 +141,61 @@ class CompiledReplica:
     def append(self, arrival_s: np.ndarray, prompt: np.ndarray, out: np.ndarray,
                priority: np.ndarray | None = None) -> None:
         """Hand over more requests (arrival times sorted, none before the last one's)."""
-        from sim.engine import compiled_plan as cp
-
         m, k = len(arrival_s), self.num_requests
         if m == 0:
             return
         n = k + m
+        self._make_room(n)
+        prompt = np.asarray(prompt, dtype=np.int64)
+        out = np.asarray(out, dtype=np.int64)
+        pri = np.zeros(m, dtype=np.int64) if priority is None else np.asarray(priority,
+                                                                                 np.int64)
+        arrival = np.asarray(arrival_s, dtype=np.float64)
+        spec = self.spec
+        deadline = ([a + spec.target_s(int(q)) for a, q in
+                     zip(arrival.tolist(), pri.tolist(), strict=True)]
+                    if self.deadlines else None)
+        self._fill(slice(k, n), arrival, prompt, out, pri, deadline)
+        self._reject_on_entry(k, prompt, out)
+        self.st_i[slots.S_KNOWN] = n
+
+    def append_one(self, arrival_s: float, prompt: int, out: int, priority: int = 0) -> int:
+        """``append`` of one request (a router hands them over one at a time), with scalar
+        writes instead of arrays of one element; returns its row."""
+        k = int(self.st_i[slots.S_KNOWN])
+        self._make_room(k + 1)
+        deadline = arrival_s + self.spec.target_s(priority) if self.deadlines else None
+        self._fill(k, arrival_s, prompt, out, priority, deadline)
+        self._reject_on_entry(k, (prompt,), (out,))
+        self.st_i[slots.S_KNOWN] = k + 1
+        return k
+
+    def _fill(self, rows: int | slice, arrival: Any, prompt: Any, out: Any, priority: Any,
+              deadline: Any) -> None:
+        """A new request's fields in its row: ``rows`` one row (the values scalars) or a
+        slice of rows (the values arrays), the same writes either way."""
+        cp = self._cp
+        ri, rf = self.req_i, self.req_f
+        ri[rows, cp.RI_PROMPT] = prompt
+        ri[rows, cp.RI_OUT] = out
+        ri[rows, cp.RI_PRIORITY] = priority
+        ri[rows, cp.RI_STATUS] = slots.WAITING
+        rf[rows, cp.RF_ARRIVAL] = arrival
+        if deadline is not None:  # edf order or deadline victims: from the arrival
+            rf[rows, cp.RF_DEADLINE] = deadline
+        rf[rows, cp.RF_FIRST_SCHED:cp.RF_FINISH + 1] = math.nan  # first scheduled .. finish
+
+    def _reject_on_entry(self, k: int, prompt: Any, out: Any) -> None:
+        """Mark the new requests from row ``k`` on that can never run (``entry_rejections``)."""
+        for j, why in entry_rejections(prompt, out, self.kv, self.budget,
+                                       self.max_model_len).items():
+            self.req_i[k + j, self._cp.RI_ENTRY] = slots.ON_ARRIVAL
+            self.entry_reason[k + j] = why
+
+    def _make_room(self, n: int) -> None:
+        """Room in every per-request and per-batch array for ``n`` requests."""
+        if n <= self._room_for:
+            return  # the common case of a router's appends: nothing to grow
         # capacity doubles (rows past ``S_KNOWN`` are never read): appending one request at
         # a time, as a router does, costs amortized O(1), not a copy of every row
         self.req_i = _grow(self.req_i, n)
@@ -148,24 +205,7 @@ class CompiledReplica:
             if len(arr) < n:
                 setattr(self, name, np.resize(arr, _room(len(arr), n)) if len(arr)
                         else np.empty(n, arr.dtype))
-        ri, rf = self.req_i[:n], self.req_f[:n]
-        prompt = np.asarray(prompt, dtype=np.int64)
-        out = np.asarray(out, dtype=np.int64)
-        pri = np.zeros(m, dtype=np.int64) if priority is None else np.asarray(priority,
-                                                                                 np.int64)
-        ri[k:, cp.RI_PROMPT], ri[k:, cp.RI_OUT], ri[k:, cp.RI_PRIORITY] = prompt, out, pri
-        ri[k:, cp.RI_STATUS] = slots.WAITING
-        arrival = np.asarray(arrival_s, dtype=np.float64)
-        rf[k:, cp.RF_ARRIVAL] = arrival
         spec = self.spec
-        if spec.order == "edf" or spec.victim == "deadline":
-            rf[k:, cp.RF_DEADLINE] = [a + spec.target_s(int(q)) for a, q in
-                                      zip(arrival.tolist(), pri.tolist(), strict=True)]
-        rf[k:, cp.RF_FIRST_SCHED:cp.RF_FINISH + 1] = math.nan  # first scheduled .. finish
-        for j, why in entry_rejections(prompt, out, self.kv, self.budget,
-                                       self.max_model_len).items():
-            ri[k + j, cp.RI_ENTRY] = slots.ON_ARRIVAL
-            self.entry_reason[k + j] = why
         rows = min(spec.max_num_seqs, n) + 2
         if len(self.running) < rows:
             # kept, not cleared: the last step's plan is read by a driver (compiled_drive)
@@ -174,7 +214,13 @@ class CompiledReplica:
                 arr = getattr(self, name)
                 setattr(self, name, np.resize(arr, rows) if len(arr) else np.empty(
                     rows, dtype=np.int64))
-        self.st_i[slots.S_KNOWN] = n
+        self.layout += 1
+        # the most requests the arrays now hold without growing (the batch rows are enough
+        # for any count once they reach ``max_num_seqs + 2``)
+        batch = (_BIG if len(self.running) >= spec.max_num_seqs + 2
+                 else len(self.running) - 2)
+        self._room_for = min(len(self.req_i), len(self.req_f), len(self.hkeys),
+                             len(self.hranks), len(self.hitems), len(self.pending), batch)
 
     def close(self) -> None:
         """No more requests will come: the run ends once everything handed over is done."""
@@ -200,9 +246,11 @@ class CompiledReplica:
                 self.log_i.resize((rows, len(INT_COLUMNS)), refcheck=False)
                 self.log_f.resize((rows, len(FLOAT_COLUMNS)), refcheck=False)
                 self.log_b.resize(rows, refcheck=False)
+                self.layout += 1
             elif code == slots.IRR_FULL:
                 self.irr.resize((2 * len(self.irr), 2), refcheck=False)
                 self.irr_count.resize(len(self.irr), refcheck=False)
+                self.layout += 1
             elif code == slots.PAUSED and deadline is not None and self.now <= t:
                 if time.perf_counter() > deadline:
                     return slots.DONE  # wall-clock budget spent: the run ends here

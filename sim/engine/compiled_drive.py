@@ -36,6 +36,7 @@ from sim.engine import compiled_loop as loop
 from sim.engine import compiled_plan as cp
 from sim.engine.compiled import CompiledReplica, Outcomes
 from sim.engine.compiled_cost import KERNEL
+from sim.engine.compiled_state import ReplicaArrays, pack
 from sim.engine.validate import EngineError
 from sim.kv.config import KVConfig
 from sim.metrics.steplog import StepLog
@@ -114,19 +115,39 @@ def must_run(idle: bool, first_buffered_s: float, now_s: float, straddle: bool, 
 
 
 @njit(**KERNEL)
-def advance_and_count(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,  # noqa: ANN001, ANN201
-                      pre_idx, params_i, params_f, analytic, terms, dense, log_i, log_f, log_b,
-                      irr, irr_count, st_i, st_f, residues, out, until_s, t):
-    """``compiled_loop.run`` to ``until_s``, then ``load_now`` at ``t`` when the run paused
-    or went idle (one call from Python per routing instant a replica has work at); returns
-    the loop's code (any other code: the caller grows a buffer or reports, and counts)."""
-    code = loop.run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
-                    pre_idx, params_i, params_f, analytic, terms, dense, log_i, log_f, log_b,
-                    irr, irr_count, st_i, st_f, until_s, _BIG, residues)
+def advance_and_count(s, until_s, t):  # noqa: ANN001, ANN201
+    """``compiled_loop.run`` to ``until_s``, then ``load_now`` at ``t`` into ``s.out`` when
+    the run paused or went idle (one call from Python per routing instant a replica has work
+    at; ``s`` the replica's arrays, ``compiled_state.ReplicaArrays``: one argument for numba
+    to unbox, not two dozen); returns the loop's code (any other code: the caller grows a
+    buffer or reports, and counts)."""
+    code = loop.run(s.req_i, s.req_f, s.running, s.hkeys, s.hranks, s.hitems, s.pending,
+                    s.plan_idx, s.plan_n, s.pre_idx, s.params_i, s.params_f, s.analytic,
+                    s.terms, s.dense, s.log_i, s.log_f, s.log_b, s.irr, s.irr_count, s.st_i,
+                    s.st_f, until_s, _BIG, s.residues)
     if code == loop.PAUSED or code == loop.IDLE:
-        load_now(req_i, req_f, running, hitems, pending, plan_idx, plan_n, log_i, st_i, st_f,
-                 t, out)
+        load_now(s.req_i, s.req_f, s.running, s.hitems, s.pending, s.plan_idx, s.plan_n,
+                 s.log_i, s.st_i, s.st_f, t, s.out)
     return code
+
+
+@njit(**KERNEL)
+def count_now(s, t):  # noqa: ANN001, ANN201
+    """``load_now`` at ``t`` of the packed arrays ``s``, into ``s.out``."""
+    load_now(s.req_i, s.req_f, s.running, s.hitems, s.pending, s.plan_idx, s.plan_n, s.log_i,
+             s.st_i, s.st_f, t, s.out)
+
+
+@njit(**KERNEL)
+def any_preempted(s):  # noqa: ANN001, ANN201
+    """Whether a preempted request waits to be recomputed (pending, or in the waiting heap
+    with a preempted rank) in the packed arrays ``s``."""
+    if s.st_i[loop.S_N_PENDING]:
+        return True
+    for h in range(s.st_i[loop.S_N_HEAP]):
+        if s.hranks[h] < 0:
+            return True
+    return False
 
 
 class DrivenCompiled:
@@ -151,7 +172,8 @@ class DrivenCompiled:
         self._now = 0.0
         self._straddle = False
         self._closed = False
-        self._args: tuple[np.ndarray, ...] | None = None
+        self._args: ReplicaArrays | None = None  # the arrays, packed (``_run``)
+        self._layout = -1  # ``CompiledReplica.layout`` when they were packed
         self._load = np.zeros(5, dtype=np.int64)
         self._cached: list[int] = [0] * 5
 
@@ -167,15 +189,12 @@ class DrivenCompiled:
 
     def _run(self, t: float) -> None:
         """Hand the buffered requests over, run to just before ``t``, read the load."""
-        if self._buf or self._args is None:
-            self._flush()
-            self._args = self._arrays()
+        self._flush()
         rep = self.rep
         until = math.nextafter(t, -math.inf) if t < math.inf else t
-        code = advance_and_count(*self._args, until, t)
+        code = advance_and_count(self._packed(), until, t)
         if code != loop.PAUSED and code != loop.IDLE:  # a full buffer, the end, a stall
             code = rep.advance_until(until)
-            self._args = self._arrays()  # buffers may have grown
             load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
                      rep.plan_n, rep.log_i, rep.st_i, rep.st_f, t, self._load)
         self._idle = code == loop.IDLE
@@ -183,22 +202,26 @@ class DrivenCompiled:
         self._straddle = self._now > t
         self._cached = self._load.tolist()
 
-    def _arrays(self) -> tuple[np.ndarray, ...]:
-        """The arguments of ``advance_and_count`` up to ``until_s``."""
-        r = self.rep
-        return (r.req_i, r.req_f, r.running, r.hkeys, r.hranks, r.hitems, r.pending,
-                r.plan_idx, r.plan_n, r.pre_idx, r.params_i, r.params_f, r.analytic, r.terms,
-                r.dense, r.log_i, r.log_f, r.log_b, r.irr, r.irr_count, r.st_i, r.st_f,
-                r.residues, self._load)
+    def _packed(self) -> ReplicaArrays:
+        """The replica's arrays and the load buffer, packed (again when one was replaced or
+        resized since)."""
+        rep = self.rep
+        if self._args is None or self._layout != rep.layout:
+            self._args, self._layout = pack(rep, self._load), rep.layout
+        return self._args
 
     def _flush(self) -> None:
         """Append the buffered requests to the interpreter's arrays."""
-        if not self._buf:
+        buf = self._buf
+        if not buf:
             return
-        arrival, prompt, out, pri = zip(*self._buf, strict=True)
-        self.rep.append(np.array(arrival), np.array(prompt, dtype=np.int64),
-                        np.array(out, dtype=np.int64), np.array(pri, dtype=np.int64))
-        self._buf.clear()
+        if len(buf) == 1:  # the usual case: one arrival since the last run
+            self.rep.append_one(*buf[0])
+        else:
+            arrival, prompt, out, pri = zip(*buf, strict=True)
+            self.rep.append(np.array(arrival), np.array(prompt, dtype=np.int64),
+                            np.array(out, dtype=np.int64), np.array(pri, dtype=np.int64))
+        buf.clear()
         self._buf_prompt = 0
 
     def admit(self, request: Request) -> None:

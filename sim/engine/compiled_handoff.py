@@ -23,8 +23,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from sim.core.routing import ReplicaLoad
 from sim.core.rules import blocks_needed
 from sim.core.scheduling import SchedulingSpec
@@ -38,7 +36,8 @@ from sim.engine.compiled_drive import (
     Q_RUNNING,
     Q_USED,
     DrivenCompiled,
-    load_now,
+    any_preempted,
+    count_now,
 )
 from sim.engine.compiled_queue import push
 from sim.engine.coverage import spec_of
@@ -67,7 +66,6 @@ class HandoffCompiled(DrivenCompiled):
         self.incoming: dict[int, tuple[Request, int, float]] = {}  # id -> (req, blocks, t)
         self._landed: list[tuple[Request, int, float, float]] = []  # rows not appended yet
         self._cursor = 0  # the last settled row read, + 1
-        self._out = np.zeros(5, dtype=np.int64)
         # ``load_now``'s count, kept until the replica runs or a hand-off call changes it
         # (``_changed``; None: count again). Between those the count is the same at every
         # instant the driver reads it: a replica whose count would differ at ``t`` (its step
@@ -82,9 +80,7 @@ class HandoffCompiled(DrivenCompiled):
         super().admit(request)
 
     def _run(self, t: float) -> None:
-        if self._landed:
-            self._args = None  # rows are appended: the arrays may grow
-        super()._run(t)
+        super()._run(t)  # (``_flush`` appends the landed rows)
         self._memo = self._cached  # ``_run`` counted the load at ``t``
 
     def _changed(self) -> None:
@@ -102,28 +98,20 @@ class HandoffCompiled(DrivenCompiled):
         if not landed:
             return
         rep = self.rep
-        k = rep.num_requests
-        reqs = [r for r, _, _, _ in landed]
-        at = np.array([t for _, _, t, _ in landed])
-        prompt = np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64)
-        rep.append(at, prompt, np.array([r.num_output_tokens for r in reqs], dtype=np.int64),
-                   np.array([r.priority for r in reqs], dtype=np.int64))
-        n = k + len(landed)
-        ri, rf = rep.req_i[k:n], rep.req_f[k:n]
-        # ``reserve_kv``: the prompt computed, its first token sampled elsewhere
-        ri[:, cp.RI_COMPUTED] = ri[:, cp.RI_MAX_HELD] = prompt
-        ri[:, cp.RI_GENERATED] = 1
-        ri[:, cp.RI_BLOCKS] = [b for _, b, _, _ in landed]
-        ri[:, cp.RI_ENTRY] = slots.NO_REASON  # the driver refused what can never fit
-        for j in range(len(landed)):
-            rep.entry_reason.pop(k + j, None)
-        rf[:, cp.RF_FIRST_TOKEN] = rf[:, cp.RF_LAST_TOKEN] = [f for _, _, _, f in landed]
-        if self.spec.order == "edf" or self.spec.victim == "deadline":  # from the arrival
-            rf[:, cp.RF_DEADLINE] = [r.arrival_s + self.spec.target_s(r.priority)
-                                     for r in reqs]
-        for j, r in enumerate(reqs):
-            self.row[r.id] = k + j
-            self.ids.append(r.id)
+        for req, blocks, at, first in landed:  # one row each (mostly one a run)
+            k = rep.append_one(at, req.num_prompt_tokens, req.num_output_tokens, req.priority)
+            ri, rf = rep.req_i, rep.req_f  # (the rows may have grown)
+            # ``reserve_kv``: the prompt computed, its first token sampled elsewhere
+            ri[k, cp.RI_COMPUTED] = ri[k, cp.RI_MAX_HELD] = req.num_prompt_tokens
+            ri[k, cp.RI_GENERATED] = 1
+            ri[k, cp.RI_BLOCKS] = blocks
+            ri[k, cp.RI_ENTRY] = slots.NO_REASON  # the driver refused what can never fit
+            rep.entry_reason.pop(k, None)
+            rf[k, cp.RF_FIRST_TOKEN] = rf[k, cp.RF_LAST_TOKEN] = first
+            if rep.deadlines:  # from the arrival, not the landing
+                rf[k, cp.RF_DEADLINE] = req.arrival_s + self.spec.target_s(req.priority)
+            self.row[req.id] = k
+            self.ids.append(req.id)
 
     def _poke(self) -> None:
         """A hand-off call changed the replica: an idle one plans again where it was advanced
@@ -234,18 +222,17 @@ class HandoffCompiled(DrivenCompiled):
             self._idle = False
         return True
 
-    def plan_at(self, ahead: float) -> None:
-        """Plan at the instant just before ``ahead`` (when there is anything to plan)."""
-        self.advance_until(ahead)
+    #: Plan at the instant just before ``ahead`` (when there is anything to plan):
+    #: ``advance_until(ahead)`` itself (a call per replica and driver event, without a frame
+    #: of its own).
+    plan_at = DrivenCompiled.advance_until
 
     # -- what the driver reads ----------------------------------------------------------------
     def _counted(self, now_s: float) -> list[int]:
         """``load_now`` at ``now_s`` (``Q_*`` slots), counted once per state (``_memo``)."""
-        if self._memo is None:
-            rep, out = self.rep, self._out
-            load_now(rep.req_i, rep.req_f, rep.running, rep.hitems, rep.pending, rep.plan_idx,
-                     rep.plan_n, rep.log_i, rep.st_i, rep.st_f, now_s, out)
-            self._memo = out.tolist()
+        if self._memo is None:  # (the run's load buffer: ``_run`` keeps a copy of its own)
+            count_now(self._packed(), now_s)
+            self._memo = self._load.tolist()
         return self._memo
 
     def used_blocks(self, now_s: float) -> int:
@@ -273,9 +260,7 @@ class HandoffCompiled(DrivenCompiled):
 
     def has_preempted(self) -> bool:
         """A preempted request waits to be recomputed."""
-        rep = self.rep
-        n_heap = int(rep.st_i[slots.S_N_HEAP])
-        return bool(rep.st_i[slots.S_N_PENDING]) or bool((rep.hranks[:n_heap] < 0).any())
+        return any_preempted(self._packed())
 
     @property
     def done(self) -> bool:

@@ -50,7 +50,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "63980e83e7bf70c25b95bbaff2542e02ea92de1048489c729df568093b3e993f"
+ROUTE_SHA256 = "962e775f999a5aa8796b5ac303fa2554cac691029ef1ee68d165c86410f0f9a2"
 ROUTE_SOURCES = ("sim/core/load_rules.py", "sim/core/load_arrays.py",
                  "sim/engine/compiled_drive.py", "sim/engine/compiled_loop.py")
 
@@ -66,8 +66,10 @@ _measure = jit_rule(la.measure, inline=True, outstanding_requests=_outstanding,
                     outstanding_tokens=jit_rule(la.outstanding_tokens, inline=True),
                     kv_share=jit_rule(la.kv_share, inline=True))
 _measure_at = jit_rule(la.measure_at, inline=True, measure=_measure)
-_choose = jit_rule(la.choose, lightest_among=jit_rule(la.lightest_among, measure_at=_measure_at),
-                   emptiest_kv=jit_rule(la.emptiest_kv, measure_at=_measure_at))
+#: ``sim.core.load_arrays.choose`` compiled: the routing loop's choice, and the one a
+#: disaggregated driver over compiled replicas makes per decision (``sim.cluster.disagg``).
+choose = jit_rule(la.choose, lightest_among=jit_rule(la.lightest_among, measure_at=_measure_at),
+                  emptiest_kv=jit_rule(la.emptiest_kv, measure_at=_measure_at))
 
 #: The per-replica arrays of ``compiled_loop.run``, in its argument order (``until_s`` and
 #: ``max_steps`` aside).
@@ -169,7 +171,7 @@ def route_span(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, 
             if rule == la.NO_RULE:
                 pos[0], pos[2] = j, PLACING
                 return NEED_CHOICE
-            c = _choose(rule, board, weight, kv_total, everyone)
+            c = choose(rule, board, weight, kv_total, everyone)
             stage = PLACING
         else:
             c = pos[3]

@@ -254,3 +254,27 @@ def make_step_log(step_table: str, arrival_s: np.ndarray, warmup_s: float, coold
     if step_table == "buckets":
         return StepLog(stream=stream, fold_at=FOLD_ROWS, always_fold=True)
     return StepLog(stream=stream, fold_at=AUTO_MAX_STEPS)
+
+
+def merged_table(logs: list[StepLog]) -> pd.DataFrame:
+    """The tables of ``logs`` as one, ordered by start time, then replica, then each log's
+    own order (``pd.concat`` of their tables, ``sort_values(["start_s", "replica"],
+    kind="stable")``, a fresh index): built from their columns at once, without the
+    concatenated frame and its sorted copy (two passes over every column of a
+    million-step table)."""
+    full = [log for log in logs if len(log)]
+    if len(full) < 2 or any(log.bucketed for log in full):  # tables of their own
+        tables = [log.table() for log in full]
+        steps = pd.concat(tables, ignore_index=True) if len(tables) > 1 else (
+            tables[0] if tables else logs[0].table())
+        if len(steps):
+            steps = steps.sort_values(["start_s", "replica"], kind="stable").reset_index(
+                drop=True)
+        return steps
+    parts = [log._arrays() for log in full]
+    # ``np.lexsort`` is stable: ties keep the concatenated order, as a stable sort does
+    order = np.lexsort((np.concatenate([p["replica"] for p in parts]),
+                        np.concatenate([p["start_s"] for p in parts])))
+    data = {k: np.concatenate([np.asarray(p[k], dtype=object) if k == "bound" else p[k]
+                               for p in parts])[order] for k in STEP_COLUMNS}
+    return pd.DataFrame(data, columns=list(STEP_COLUMNS), copy=False)
