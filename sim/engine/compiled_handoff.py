@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from sim.core.routing import ReplicaLoad
 from sim.core.rules import blocks_needed
 from sim.core.scheduling import SchedulingSpec
