@@ -93,8 +93,7 @@ def check_value(value: Any, key: Key, path: str) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise InputError(f"must be finite, got {value!r}", field=path)
     if key.choices and value not in key.choices:
-        raise InputError(f"{value!r} is not one of {', '.join(map(str, key.choices))}",
-                         field=path)
+        raise InputError(not_one_of(value, key.choices), field=path)
     if key.minimum is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
         bad = value <= key.minimum if key.exclusive_min else value < key.minimum
         if bad:
@@ -112,6 +111,15 @@ def check_int_range(value: int, path: str) -> None:
     if abs(value) > MAX_INT:
         raise InputError(f"must be at most 2**53 = {MAX_INT:,} in magnitude, got {value:.3g}",
                          field=path)
+
+
+def not_one_of(value: Any, choices: Any) -> str:
+    """The problem of a value outside ``choices``: every accepted one, and the closest to a
+    misspelt name (``'fifoo' is not one of fcfs, spf, priority (did you mean 'fcfs'?)``)."""
+    names = [str(c) for c in choices]
+    hint = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []
+    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return f"{value!r} is not one of {', '.join(names)}{extra}"
 
 
 def unknown_key(key: str, known: Any, path: str) -> InputError:

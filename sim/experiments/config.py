@@ -175,6 +175,23 @@ def _check_size(num_policies: int, sweep: dict[str, Any] | None,
                           f"the limit of {MAX_RUNS:,}; split it into several experiments")
 
 
+def _check_listed_policy(spec: dict[str, Any], index: int, combo: dict[str, Any],
+                         source: str) -> None:
+    """Build entry ``index`` of ``policies:`` (with its run's swept values) so that a bad
+    parameter names that entry (``policies[1].max_num_seqs``), not a ``policy`` key the file
+    does not have; a swept parameter keeps its swept key (``policy.max_num_seqs``)."""
+    from policies import make_policy
+
+    try:
+        make_policy(spec)
+    except InputError as e:
+        field = e.field or "policy"
+        swept = any(field == k or field.startswith(k + ".") for k in combo)
+        if not swept and field.split(".")[0] == "policy":
+            field = f"policies[{index}]" + field[len("policy"):]
+        raise ConfigError(e.problem, source=source, field=field) from None
+
+
 def policy_label(spec: Any) -> str:
     """A short label for a policy spec (its ``label`` key, else its name)."""
     if isinstance(spec, dict):
@@ -199,7 +216,7 @@ def expand_runs(raw: dict[str, Any],
         raise ConfigError(f"{source}: {e}") from None
     if base["policy"] is not None and base["policies"] is not None:
         raise ConfigError(f"{source}: policy: give either 'policy' or 'policies', not both")
-    policies = base.pop("policies")
+    policies = raw_policies = base.pop("policies")
     if policies is not None and not policies:
         raise ConfigError(f"{source}: policies: empty list; give at least one policy (or "
                           "drop the key for the default)")
@@ -211,7 +228,8 @@ def expand_runs(raw: dict[str, Any],
     sweep, zipped = base.pop("sweep"), base.pop("zip")
     _check_size(len(policies), sweep, zipped, source)
     runs: list[RunSpec] = []
-    for spec, label in zip(policies, labels, strict=True):
+    listed = base["policy"] is None and raw_policies is not None
+    for i, (spec, label) in enumerate(zip(policies, labels, strict=True)):
         for combo in _expand(sweep, zipped, source):
             cfg = copy.deepcopy(base)
             cfg["policy"] = copy.deepcopy(spec) if isinstance(spec, dict) else {"name": spec}
@@ -221,6 +239,8 @@ def expand_runs(raw: dict[str, Any],
                 cfg = validate({k: v for k, v in cfg.items()})
             except ConfigError as e:
                 raise ConfigError(f"{source}: {e}") from None
+            if listed:
+                _check_listed_policy(cfg["policy"], i, combo, source)
             cfg.pop("sweep", None)
             cfg.pop("zip", None)
             cfg.pop("policies", None)
