@@ -98,3 +98,24 @@ def test_a_yaml_cluster_runs_and_writes_a_table_per_group(tmp_path) -> None:
     bad.write_text(exp.read_text().replace("a100-80gb", "a99"))
     with pytest.raises(sim.InputError, match=r"bad\.yaml: cluster\.groups\[1\]\.hardware"):
         sim.run_experiment(str(bad), out=str(tmp_path / "out2"))
+
+
+@pytest.mark.parametrize(("group", "message"), [
+    ({"name": "b", "policy": {"name": "continuous", "max_num_seqs": 0}},
+     r"^cluster\.groups\[1\]\.policy\.max_num_seqs: must be > 0, got 0$"),
+    ({"name": "b", "policy": "contineous"},
+     r"^cluster\.groups\[1\]\.policy\.name: unknown policy 'contineous' \(did you mean"),
+    ({"name": "b", "kv": {"block_size": 0}},
+     r"^cluster\.groups\[1\]\.kv\.block_size: must be >= 1"),
+    ({"name": "b", "hardware": "l4"}, r"^cluster\.groups\[1\]\.kv: no memory left"),
+])
+def test_a_groups_own_policy_and_kv_are_checked_naming_the_group(group, message) -> None:
+    """A group's policy and KV cache are built once when the cluster is read, so a bad one is an
+    error at the group's path before anything runs (the experiment's KV cache too, where only
+    this group's GPU cannot hold it: half of an L4 is less than Llama-3-8B's weights)."""
+    cluster = {"groups": [{"name": "a"}, group]}
+    with pytest.raises(sim.InputError, match=message):
+        sim.simulate(workload(n=5), policy="continuous", cluster=cluster,
+                     kv={"gpu_memory_utilization": 0.5},
+                     cost_keys={"model": "llama-3-8b", "hardware": "h100-sxm", "tp": 1,
+                                "engine": "vllm"})

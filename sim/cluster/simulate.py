@@ -17,11 +17,10 @@ import numpy as np
 from routers import Router, make_router
 from routers.balance import RoundRobin
 from sim.cluster.deployment import simulate_groups
-from sim.cluster.groups import is_disaggregated, parse_groups
+from sim.cluster.groups import decode_router, is_disaggregated, parse_groups
 from sim.cluster.metrics import imbalance, per_replica
 from sim.cluster.routed import RoutingLog, run_routed
 from sim.core.arrays import TraceArrays
-from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.engine.replica import Replica
 from sim.engine.simulate import SimResult
@@ -111,12 +110,7 @@ def _simulate_cluster(requests: Sequence[Request] | TraceArrays, policy: Any, co
     chosen = make_router(router if router is not None else "round_robin")
     disagg = None
     if is_disaggregated(groups):
-        spec = cluster.get("decode_router")
-        try:
-            second = make_router(spec if spec is not None else "round_robin")
-        except InputError as e:  # name the key it came from
-            raise InputError(e.problem, field=f"cluster.decode_{e.field or 'router'}") from None
-        disagg = {"decode_router": second, "network": cluster.get("network"),
+        disagg = {"decode_router": decode_router(cluster), "network": cluster.get("network"),
                   "decode_rng": router_rng(seed, DECODE_ROUTER_STREAM), "fast_path": fast_path}
     return simulate_groups(requests, groups, chosen, seed, rng=router_rng(seed), disagg=disagg,
                            **options)

@@ -47,6 +47,9 @@ OPT = type(None)
 #: too). The compiled kernel holds counts in int64 and adds and multiplies them (blocks ×
 #: block size, tokens + tokens), so an integer near 2**63 would overflow there.
 MAX_INT = 2**53
+#: Slowest bandwidth any link key accepts, GB/s (1 MB/s): below it moving one request's KV
+#: could take longer than the 1e9 s of simulated time within which float times stay precise.
+MIN_GBPS = 1e-3
 
 
 def is_int_type(t: type) -> bool:
