@@ -512,3 +512,36 @@ def test_capacity_uses_the_same_output_folder_guard(tmp_path, monkeypatch, capsy
         rc, err = cli(capsys, "capacity", str(exp), "--slo", "ttft_p99_ms=1000", "--out",
                       str(tmp_path / "cap"), "--quiet")
     assert rc == 2 and "another batchsim command" in err, err
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2", "100000"])
+@pytest.mark.parametrize("command", ["run", "capacity"])
+def test_jobs_outside_one_to_four_per_cpu_exit_2_before_anything_starts(tmp_path, capsys,
+                                                                       monkeypatch, command,
+                                                                       jobs):
+    """``--jobs`` is one rule for run and capacity, and for ``sim.run_experiment``: a whole
+    number from 1 to 4 per CPU (``--jobs 100000`` would start that many processes)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    exp = write_exp(tmp_path)
+    extra = ["--slo", "ttft_p99_ms=1000"] if command == "capacity" else []
+    rc, err = cli(capsys, command, str(exp), *extra, "--jobs", jobs, "--out",
+                  str(tmp_path / "o"), "--quiet")
+    assert rc == 2 and err == ("batchsim: error: --jobs: must be a whole number from 1 to 8 "
+                               f"(4 per CPU of this machine), got {jobs}\n"), err
+    assert not (tmp_path / "o").exists()
+    for bad in (0, "2", 2.0, True):
+        with pytest.raises(InputError, match=r"^--jobs: must be a whole number from 1 to 8"):
+            run_experiment(exp, out=tmp_path / "o", jobs=bad)
+
+
+def test_an_unknown_executor_or_an_address_without_dask_is_refused(tmp_path):
+    """From Python too: ``executor="spark"`` would run locally, an ``address`` without dask
+    would be ignored."""
+    exp = write_exp(tmp_path)
+    with pytest.raises(InputError, match=r"^--executor: 'dsak' is not one of local, dask "
+                       r"\(did you mean 'dask'\?\)$"):
+        run_experiment(exp, out=tmp_path / "o", executor="dsak")
+    with pytest.raises(InputError, match=r"^--address: a Dask scheduler address "
+                       r"\('tcp://h:8786'\) needs --executor dask$"):
+        run_experiment(exp, out=tmp_path / "o", address="tcp://h:8786")
+    assert not (tmp_path / "o").exists()

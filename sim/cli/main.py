@@ -174,6 +174,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from sim.core.version import __version__
+    from sim.experiments.executors import EXECUTORS
 
     p = _Parser(prog="batchsim", description="Simulate LLM serving batching "
                 "policies on a calibrated roofline cost model.")
@@ -191,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sweep a dotted key over values, e.g. workload.rate=[2,4] "
                    "(repeatable; same as --set 'sweep.KEY=[...]')")
     r.add_argument("--jobs", type=int, default=1, help="parallel runs on this machine")
-    r.add_argument("--executor", choices=("local", "dask"), default="local")
+    r.add_argument("--executor", choices=EXECUTORS, default="local")
     r.add_argument("--address", help="Dask scheduler address (default: a local cluster)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     r.add_argument("--quiet", action="store_true", help="print nothing but errors")

@@ -27,6 +27,7 @@ from typing import Any, overload
 import pandas as pd
 
 from sim.experiments.config import expand_runs, load_yaml, parse_override, set_dotted
+from sim.experiments.executors import check_jobs
 from sim.experiments.fleet import cost_per_mtok, fleet, fleet_label
 from sim.experiments.results import read_json, write_json, write_text
 from sim.experiments.runner import build_requests, pin_inputs, run_id, simulate_config
@@ -332,8 +333,7 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
 
     if not 0.001 <= tolerance <= 0.5:
         raise CapacityError(f"--tolerance: must be in [0.001, 0.5], got {tolerance:g}")
-    if jobs < 1:
-        raise CapacityError(f"--jobs: must be >= 1, got {jobs}")
+    jobs = check_jobs(jobs)
     path = Path(config)
     slos = parse_slos(slo, attainment)
     base, targets = find_targets(

@@ -21,7 +21,14 @@ from sim.core.errors import EnvironmentFailure, InputError
 from sim.cost.profiles import calibration_notes
 from sim.cost.validity import VALIDITY_COLUMNS
 from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
-from sim.experiments.executors import run_pool, run_serial, stop_pool, worker_init
+from sim.experiments.executors import (
+    check_executor,
+    check_jobs,
+    run_pool,
+    run_serial,
+    stop_pool,
+    worker_init,
+)
 from sim.experiments.intervals import check_config_intervals
 from sim.experiments.labels import swept_value
 from sim.experiments.outdir import (
@@ -203,6 +210,8 @@ def run_experiment(path: str | Path,
     ``report.md`` once the runs are done (the report layer sits above this one, so the caller
     hands it in; ``sim.run_experiment`` always does).
     """
+    jobs = check_jobs(jobs)
+    check_executor(executor, address)
     path = Path(path)
     raw = load_yaml(path)
     base, runs = expand_runs(raw, overrides, source=str(path), sweeps=sweeps,
