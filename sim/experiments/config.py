@@ -140,7 +140,7 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
     for key, values in (sweep or {}).items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{source}: sweep.{key}: expected a non-empty list of values")
-        check_path(key)
+        _check_swept_path(key, "sweep", source)
         axes.append([{key: v} for v in values])
     if zipped:
         both = sorted(set(zipped) & set(sweep or {}))
@@ -151,7 +151,7 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
             raise ConfigError(f"{source}: zip: every key needs a list, all of one length "
                               f"(got {lengths})")
         for key in zipped:
-            check_path(key)
+            _check_swept_path(key, "zip", source)
         n = next(iter(lengths.values()))
         axes.append([{k: v[i] for k, v in zipped.items()} for i in range(n)])
     combos = []
@@ -161,6 +161,14 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
             merged.update(p)
         combos.append(merged)
     return combos
+
+
+def _check_swept_path(key: str, block: str, source: str) -> None:
+    """``check_path`` of a key of the file's ``sweep:`` or ``zip:``, located there."""
+    try:
+        check_path(key)
+    except InputError as e:
+        raise ConfigError(f"{source}: {block}.{e}") from None
 
 
 def _check_size(num_policies: int, sweep: dict[str, Any] | None,

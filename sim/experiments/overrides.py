@@ -46,6 +46,8 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
 
 def check_path(path: str) -> None:
     """Reject an override or sweep key that the schema cannot hold."""
+    if not all(path.split(".")):
+        raise ConfigError(f"{path}: empty key name (two dots in a row, or a dot at an end)")
     head = path.split(".")[0]
     if head in ("workload", "policy", "router", "cluster", "sweep", "zip"):
         return  # validated by their own modules once set
@@ -168,11 +170,15 @@ def apply_overrides(data: dict[str, Any],
     notes: list[str] = []
     if isinstance(overrides, Mapping):
         items = [(str(k), v, f"--set {k}={_show(v)}") for k, v in overrides.items()]
-    elif isinstance(overrides, str):
-        raise ConfigError(f"overrides: expected a list of 'dotted.key=value' strings, got "
-                            f"the string {overrides!r}")
     else:
-        items = [(*parse_override(t), f"--set {t}") for t in overrides or []]
+        texts = ([] if overrides is None else list(overrides)
+                 if isinstance(overrides, Iterable) else [overrides])
+        if isinstance(overrides, str) or any(not isinstance(t, str) for t in texts):
+            what = (f"the string {overrides!r}" if isinstance(overrides, str)
+                    else repr(overrides)[:200])
+            raise ConfigError(f"overrides: expected a list of 'dotted.key=value' strings (or a "
+                              f"mapping of dotted key to value), got {what}")
+        items = [(*parse_override(t), f"--set {t}") for t in texts]
     if sweeps is not None and not isinstance(sweeps, Mapping):
         raise ConfigError("sweeps: expected a mapping of dotted.key: [values]")
     for key, values in (sweeps or {}).items():
