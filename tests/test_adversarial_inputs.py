@@ -372,6 +372,24 @@ def test_build_cost_model_misuse_is_one_input_error(kwargs, message):
         sim.build_cost_model(**args)
 
 
+@pytest.mark.parametrize(("new_tokens", "context_lens", "message"), [
+    ("a", "b", r"^new_tokens: expected a 1-D list of whole token counts, got \['a'\]$"),
+    ([float("nan")], [1], r"^new_tokens: expected a 1-D list of whole token counts"),
+    ([2.5], [8], r"^new_tokens: expected a 1-D list of whole token counts, got \[2\.5\]"),
+    ([1], [None], r"^context_lens: expected a 1-D list of whole token counts"),
+    ([1], [10**30], r"^context_lens: expected a 1-D list of whole token counts"),
+    ([True], [1], r"^new_tokens: expected a 1-D list of whole token counts"),
+])
+def test_step_time_takes_whole_token_counts_only(new_tokens, context_lens, message):
+    """``cost.step_time`` (``BatchShape.of``): a string or NaN was a numpy ValueError, and 2.5
+    new tokens silently cost as 2."""
+    cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm")
+    with pytest.raises(InputError, match=message):
+        cost.step_time(new_tokens=new_tokens, context_lens=context_lens)
+    assert cost.step_time(new_tokens=[512.0, 1], context_lens=[512, 900]) == cost.step_time(
+        new_tokens=[512, 1], context_lens=[512, 900])
+
+
 # --------------------------------------------------------------------------- end to end
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
