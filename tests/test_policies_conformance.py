@@ -219,3 +219,19 @@ def test_a_bad_entry_of_policies_is_named_by_its_index(tmp_path, capsys) -> None
         assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"batchsim: error: {exp}: {words}") and err.count("\n") == 1, err
+
+
+def test_numpy_numbers_are_numbers_for_policies_and_routers_as_for_every_key() -> None:
+    """``sim.core.fields``' rule of a number (numpy scalars count, bools do not) holds for
+    plugin parameters too: ``np.int64(4)`` from a numpy sweep was "expected a number"."""
+    import numpy as np
+
+    from routers import make_router
+
+    assert make_policy({"name": "continuous", "max_num_seqs": np.int64(4),
+                        "watermark": np.float32(0.25)}) == make_policy(
+        {"name": "continuous", "max_num_seqs": 4, "watermark": 0.25})
+    assert make_router({"name": "power_of_two", "choices": np.int32(3)}).choices == 3
+    with pytest.raises(PolicyError, match=r"^policy\.max_num_seqs: expected a number, got "
+                       r"True$"):
+        make_policy({"name": "continuous", "max_num_seqs": True})
