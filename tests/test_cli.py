@@ -175,3 +175,20 @@ def test_builtin_names_resolve_from_any_directory(tmp_path):
                        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "19366"
+
+
+def test_a_run_that_rejects_requests_says_so_naming_run_count_and_reason(tmp_path, capsys):
+    """A cache too small for any request (every request rejected, NaN latencies) used to finish
+    with exit code 0 and not a word: now one line names the run, how many and why."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY.replace("num_blocks: 400", "num_blocks: 1"))
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"),
+                 "--set", "sweep=null"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "rejected" in line]
+    assert len(notes) == 1 and notes[0].startswith(
+        "batchsim: requests rejected (they can never run on this deployment; every reason in "
+        "runs/<id>/requests, column reason): continuous ("), notes
+    assert "): 40 of 40 (needs " in notes[0] and "the cache has 1)" in notes[0], notes
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o2"), "--set", "sweep=null",
+                 "--quiet"]) == 0
+    assert capsys.readouterr().err == ""

@@ -37,7 +37,7 @@ from sim.experiments.outdir import (
     finished_summary,
     output_folder,
 )
-from sim.experiments.progress import Progress
+from sim.experiments.progress import Progress, rejected_note, rejected_phrase
 from sim.experiments.results import write_text
 from sim.experiments.runner import (
     build_cost,
@@ -255,6 +255,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
     progress.start()
 
     general: dict[str, int] = {}  # why runs fell back to the general engine -> how many
+    rejected: list[str] = []  # the runs that rejected requests, one phrase each
+    labels = {run_id(spec.config): spec.label for spec in runs}
 
     def on_done(rid: str, result: dict[str, Any]) -> None:
         error = result.get("error")
@@ -265,6 +267,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
                 f"{out / 'runs' / rid}; the workers must write into this folder (a shared "
                 "filesystem mounted at the same path)")
         progress.advance(rid, error)
+        if result.get("num_rejected"):
+            rejected.append(rejected_phrase(labels.get(rid, rid), rid, result))
         if result.get("sim_engine") == "general":
             why = result.get("sim_engine_reason") or "unknown"
             general[why] = general.get(why, 0) + 1
@@ -288,6 +292,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
         report(out, base, runs, summary, plots=draw)
     if general:
         progress.message(fallback_message(general))
+    if rejected:  # requests that can never run here: not a failure, but never silent
+        progress.message(rejected_note(rejected))
     if failed:
         progress.message(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
     # Runs that failed this time or earlier: their first error line, for the CLI to report.

@@ -265,4 +265,13 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
             return {"error": f"{type(e).__name__}: {e}"}
         summary["wall_s"] = round(time.perf_counter() - t0, 3)  # the draws included
     write_json(folder / "summary.json", summary)
-    return summary
+    return {**summary, "first_rejection": first_rejection(res.requests)}
+
+
+def first_rejection(requests: Any) -> str:
+    """Why the first rejected request of a run's requests table was rejected ('' if none): the
+    console names it (the table's ``reason`` column has every one)."""
+    if "status" not in requests or "reason" not in requests:
+        return ""
+    rejected = requests["reason"][requests["status"] == "rejected"]
+    return str(rejected.iloc[0]) if len(rejected) else ""
