@@ -171,6 +171,19 @@ def _check_swept_path(key: str, block: str, source: str) -> None:
         raise ConfigError(f"{source}: {block}.{e}") from None
 
 
+def _check_load_key(key: str | None, configs: list[dict[str, Any]], source: str) -> None:
+    """``output.load_key`` names a key swept in the file or after its overrides (one that an
+    override turned into a single value stays acceptable); any other key is a typo the plots
+    would silently ignore."""
+    if key is None:
+        return
+    swept = list(dict.fromkeys(k for cfg in configs for block in ("sweep", "zip")
+                               if isinstance(cfg.get(block), dict) for k in cfg[block]))
+    if key not in swept:
+        raise ConfigError(f"{key!r} is not a swept key; swept: {', '.join(swept) or 'none'}",
+                          source=source, field="output.load_key")
+
+
 def _check_size(num_policies: int, sweep: dict[str, Any] | None,
                 zipped: dict[str, Any] | None, source: str) -> None:
     """Refuse more than ``MAX_RUNS`` runs before any is expanded."""
@@ -235,6 +248,7 @@ def expand_runs(raw: dict[str, Any],
         raise ConfigError(str(e.within(source))) from None
     sweep, zipped = base.pop("sweep"), base.pop("zip")
     _check_size(len(policies), sweep, zipped, source)
+    _check_load_key(base["output"]["load_key"], [raw, {"sweep": sweep, "zip": zipped}], source)
     runs: list[RunSpec] = []
     listed = base["policy"] is None and raw_policies is not None
     for i, (spec, label) in enumerate(zip(policies, labels, strict=True)):
