@@ -545,3 +545,29 @@ def test_an_unknown_executor_or_an_address_without_dask_is_refused(tmp_path):
                        r"\('tcp://h:8786'\) needs --executor dask$"):
         run_experiment(exp, out=tmp_path / "o", address="tcp://h:8786")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "capacity"])
+def test_a_folder_of_other_files_is_refused_as_out_and_left_untouched(tmp_path, capsys,
+                                                                     command):
+    """``--out`` at a folder of the user's own files used to overwrite its ``summary.csv``,
+    ``report.md`` and ``plots/*.png``; a folder batchsim wrote is still reused (resume)."""
+    exp = write_exp(tmp_path)
+    mine = tmp_path / "mine"
+    (mine / "plots").mkdir(parents=True)
+    files = {mine / "report.md": "my notes\n", mine / "summary.csv": "a,b\n",
+             mine / "plots" / "latency.png": "png\n"}
+    for path, text in files.items():
+        path.write_text(text)
+    extra = ["--slo", "ttft_p99_ms=1000"] if command == "capacity" else []
+    rc, err = cli(capsys, command, str(exp), *extra, "--out", str(mine), "--quiet")
+    assert rc == 2 and err == (
+        f"batchsim: error: --out {mine}: a folder of other files (plots, report.md, "
+        "summary.csv), not a batchsim output folder; batchsim would replace files there "
+        "(summary.csv, report.md, plots/...): give a new or empty folder\n"), err
+    assert {p: p.read_text() for p in files} == files
+    assert sorted(p.name for p in mine.iterdir()) == ["plots", "report.md", "summary.csv"]
+    ours = tmp_path / "ours"
+    ours.mkdir()  # empty: fine, and once written it is batchsim's own
+    assert cli(capsys, command, str(exp), *extra, "--out", str(ours), "--quiet")[0] == 0
+    assert cli(capsys, command, str(exp), *extra, "--out", str(ours), "--quiet")[0] == 0
