@@ -274,3 +274,17 @@ def test_overrides_and_sweeps_follow_the_run_rules(exp, tmp_path, capsys):
                  "workload.arrival.rate=[1,2]", "--out", str(tmp_path / "d")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "capacity searches over the rate" in err
+
+
+def test_an_experiment_without_a_rate_to_search_names_its_file(tmp_path, capsys):
+    """A mix workload has no one rate: the message names the experiment file (it named only
+    ``workload``), exit code 2."""
+    exp = tmp_path / "mix.yaml"
+    exp.write_text("cost: {kind: constant, step_s: 0.01}\nkv: {num_blocks: 1000}\n"
+                   "workload: {mix: [{trace: azure-conv, rate: 2, max_requests: 20}, "
+                   "{trace: azure-code, rate: 1, max_requests: 20}]}\n")
+    assert main(["capacity", str(exp), "--slo", "ttft_p99_ms=2000", "--out",
+                 str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"batchsim: error: {exp}: workload: no arrival rate to search over; capacity needs "
+        "workload.rate (trace replay) or workload.arrival.rate (synthetic)\n")
