@@ -355,9 +355,12 @@ def test_kv_capacity_takes_the_kv_blocks_rules(kwargs, message):
     ({"model": "nosuch"}, r"^model: unknown model 'nosuch'"),
     ({"engine": "nosuch"}, r"^engine: unknown engine 'nosuch'"),
     ({"hardware": "./missing.yaml"}, r"^hardware: gpu profile file not found"),
-    ({"tp": 0}, r"tp must be a positive integer"),
-    ({"tp": "2"}, r"tp must be a positive integer"),
-    ({"weight_dtype": "fp7"}, r"unknown weight_dtype 'fp7'"),
+    ({"tp": 0}, r"^tp: must be a positive integer"),
+    ({"tp": "2"}, r"^tp: must be a positive integer"),
+    ({"tp": 3}, r"^tp: llama-3-8b: 32 attention heads do not split over tp=3$"),
+    ({"weight_dtype": "fp7"}, r"^weight_dtype: 'fp7' is not one of fp32, bf16, fp16, fp8, int8, "
+     r"int4 \(did you mean 'fp8'\?\)$"),
+    ({"kv_dtype": ["fp8"]}, r"^kv_dtype: \['fp8'\] is not one of"),
     # the cost-parameter overrides: an efficiency of 0 divided by zero, NaN went through
     ({"memory_eff": 0}, r"^memory_eff: must be > 0"),
     ({"memory_eff": float("nan")}, r"^memory_eff: must be finite"),
@@ -370,6 +373,17 @@ def test_build_cost_model_misuse_is_one_input_error(kwargs, message):
     args = {"model": "llama-3-8b", "hardware": "h100-sxm", **kwargs}
     with pytest.raises(InputError, match=message):
         sim.build_cost_model(**args)
+
+
+def test_a_tp_the_heads_cannot_split_over_names_parallelism_tp(tmp_path, capsys):
+    """From the YAML the TP error names ``parallelism.tp`` (it named ``model/hardware``)."""
+    from sim.cli.main import main
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({**BASE, "parallelism": {"tp": 3}}))
+    assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"batchsim: error: {exp}: parallelism.tp: llama-3-8b: "
+                                       "32 attention heads do not split over tp=3\n")
 
 
 @pytest.mark.parametrize(("new_tokens", "context_lens", "message"), [
