@@ -123,6 +123,12 @@ BAD_CONFIGS = [
     (TINY.replace("metrics", "m") + "metrics: {warmup_s: -1}\n", "metrics.warmup_s"),
     (TINY.replace("kv: {num_blocks: 400, block_size: 16}",
                   "kv: {num_blocks: 400, allocator: slab}"), "reserve_tokens"),
+    # YAML's words, not Python's: null and mapping (they read NoneType and dict)
+    (TINY.replace("seed: 1", "seed: null"), "seed: expected int, got null"),
+    (TINY.replace("kv: {num_blocks: 400, block_size: 16}", "kv: null"),
+     "kv: expected a mapping, got null"),
+    (TINY.replace("name: tiny", "name: tiny\ncluster: [a]"),
+     "cluster: expected mapping or null, got list ['a']"),
 ]
 
 

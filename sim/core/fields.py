@@ -72,6 +72,15 @@ def is_real(value: Any) -> bool:
     return is_real_type(type(value))
 
 
+#: Types named in a config's words where Python's differ.
+_TYPE_WORDS = {dict: "mapping", type(None): "null"}
+
+
+def yaml_kind(value: Any) -> str:
+    """What a value is, in a config's words (``null`` for ``None``, else its type's name)."""
+    return "null" if value is None else type(value).__name__
+
+
 def _type_ok(value: Any, key: Key) -> bool:
     """``value`` has one of ``key``'s types (numpy scalars count as int/float, bools only as
     bool: YAML's ``true`` is no number)."""
@@ -87,8 +96,9 @@ def _type_ok(value: Any, key: Key) -> bool:
 def check_value(value: Any, key: Key, path: str) -> Any:
     """Validate one leaf value; return it normalised (numpy scalars as Python numbers)."""
     if not _type_ok(value, key):
-        want = " or ".join(sorted({t.__name__.replace("NoneType", "null") for t in key.types}))
-        raise InputError(f"expected {want}, got {type(value).__name__} {value!r}", field=path)
+        want = " or ".join(sorted({_TYPE_WORDS.get(t, t.__name__) for t in key.types}))
+        got = "null" if value is None else f"{type(value).__name__} {value!r}"
+        raise InputError(f"expected {want}, got {got}", field=path)
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
         value = int(value)
     elif isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
@@ -137,7 +147,7 @@ def validate_fields(data: Any, fields: dict[str, Any], prefix: str = "") -> dict
     with every default filled in. ``prefix`` is the dotted path of ``data`` (``"kv."``)."""
     if not isinstance(data, dict):
         where = prefix.rstrip(".") or None
-        raise InputError(f"expected a mapping, got {type(data).__name__}", field=where)
+        raise InputError(f"expected a mapping, got {yaml_kind(data)}", field=where)
     out: dict[str, Any] = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
@@ -146,7 +156,7 @@ def validate_fields(data: Any, fields: dict[str, Any], prefix: str = "") -> dict
         node = fields[key]
         if isinstance(node, dict):
             if not isinstance(value, dict):
-                raise InputError(f"expected a mapping, got {type(value).__name__}", field=path)
+                raise InputError(f"expected a mapping, got {yaml_kind(value)}", field=path)
             out[key] = validate_fields(value, node, path + ".")
         else:
             out[key] = check_value(value, node, path)
