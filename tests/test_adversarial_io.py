@@ -571,3 +571,15 @@ def test_a_folder_of_other_files_is_refused_as_out_and_left_untouched(tmp_path, 
     ours.mkdir()  # empty: fine, and once written it is batchsim's own
     assert cli(capsys, command, str(exp), *extra, "--out", str(ours), "--quiet")[0] == 0
     assert cli(capsys, command, str(exp), *extra, "--out", str(ours), "--quiet")[0] == 0
+
+
+@pytest.mark.parametrize("path", [None, 5, {"workload": {}}, ""])
+def test_an_experiment_argument_that_is_no_path_is_one_config_error(path, tmp_path):
+    """``sim.run_experiment(None)`` was a ``TypeError`` from pathlib; capacity the same."""
+    from sim.experiments.capacity import run_capacity
+
+    with pytest.raises(ConfigError, match=r"^config: expected the path of an experiment YAML "
+                       r"file, got "):
+        run_experiment(path, out=tmp_path / "o")
+    with pytest.raises(ConfigError, match=r"^config: expected the path"):
+        run_capacity(path, slo="ttft_p99_ms=100", out=tmp_path / "o")

@@ -27,7 +27,14 @@ from typing import Any, overload
 import pandas as pd
 
 from sim.core.errors import InputError
-from sim.experiments.config import RunSpec, expand_runs, load_yaml, parse_override, set_dotted
+from sim.experiments.config import (
+    RunSpec,
+    config_path,
+    expand_runs,
+    load_yaml,
+    parse_override,
+    set_dotted,
+)
 from sim.experiments.executors import check_jobs
 from sim.experiments.fleet import cost_per_mtok, fleet, fleet_label
 from sim.experiments.results import read_json, write_json, write_text
@@ -339,7 +346,7 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
     if not 0.001 <= tolerance <= 0.5:
         raise CapacityError(f"--tolerance: must be in [0.001, 0.5], got {tolerance:g}")
     jobs = check_jobs(jobs)
-    path = Path(config)
+    path = config_path(config)
     slos = parse_slos(slo, attainment)
     base, targets = find_targets(
         path, overrides or [], slos, sweeps,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from sim.experiments.overrides import (
 from sim.experiments.schema import SCHEMA
 from sim.experiments.yaml_strict import StrictLoader
 
-__all__ = ["ConfigError", "RunSpec", "expand_runs", "load_yaml", "parse_override",
+__all__ = ["ConfigError", "RunSpec", "config_path", "expand_runs", "load_yaml", "parse_override",
            "policy_label", "set_dotted", "validate"]
 
 
@@ -68,6 +69,15 @@ def _check_shape(data: Any, path: Path) -> None:
                 stack.append((value, f"{where}{key}."))
         elif isinstance(node, list):
             stack.extend((v, f"{where}[{i}].") for i, v in enumerate(node))
+
+
+def config_path(path: Any) -> Path:
+    """An experiment file argument (``str`` or path-like) as a ``Path``; anything else (``None``,
+    a mapping) is one ``ConfigError``, not a ``TypeError`` from ``pathlib``."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ConfigError(f"config: expected the path of an experiment YAML file, got "
+                          f"{path!r}"[:200])
+    return Path(path)
 
 
 def read_config_text(path: Path) -> str:

@@ -20,7 +20,7 @@ import yaml
 from sim.core.errors import EnvironmentFailure, InputError
 from sim.cost.profiles import calibration_notes
 from sim.cost.validity import VALIDITY_COLUMNS
-from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
+from sim.experiments.config import ConfigError, RunSpec, config_path, expand_runs, load_yaml
 from sim.experiments.executors import (
     check_executor,
     check_jobs,
@@ -212,7 +212,7 @@ def run_experiment(path: str | Path,
     """
     jobs = check_jobs(jobs)
     check_executor(executor, address)
-    path = Path(path)
+    path = config_path(path)
     raw = load_yaml(path)
     base, runs = expand_runs(raw, overrides, source=str(path), sweeps=sweeps,
                              notify=None if quiet else _note)
