@@ -386,6 +386,22 @@ def test_a_tp_the_heads_cannot_split_over_names_parallelism_tp(tmp_path, capsys)
                                        "32 attention heads do not split over tp=3\n")
 
 
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: sim.ConstantCost(step_s="a"), r"^cost\.step_s: expected a number of seconds, "
+     r"got 'a'$"),
+    (lambda: sim.ConstantCost(step_s="0.01"), r"^cost\.step_s: expected a number"),
+    (lambda: sim.ConstantCost(step_s=True), r"^cost\.step_s: expected a number"),
+    (lambda: sim.LinearCost(base_s=0.01, per_token_s=None), r"^cost\.per_token_s: expected "
+     r"a number of seconds, got None$"),
+])
+def test_analytic_cost_models_take_numbers_of_seconds_only(make, message):
+    """``ConstantCost("a")`` was a ``ValueError`` from ``float``, and ``"0.01"`` or ``True``
+    were taken as numbers, which the YAML's ``cost.step_s`` refuses."""
+    with pytest.raises(InputError, match=message):
+        make()
+    assert sim.ConstantCost(step_s=np.float32(0.5)).step_s == 0.5
+
+
 @pytest.mark.parametrize(("new_tokens", "context_lens", "message"), [
     ("a", "b", r"^new_tokens: expected a 1-D list of whole token counts, got \['a'\]$"),
     ([float("nan")], [1], r"^new_tokens: expected a 1-D list of whole token counts"),

@@ -44,7 +44,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "e274ddb4fd67e38221bb8cc591f31d042b29fd0c4e09e9a66befc770b423091f"
+LOOP_SHA256 = "80f9839e4cb73cd0cbbda19fb2fb922983d06a3fa1a13a6645eaf098340c1090"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

@@ -118,7 +118,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "0280cacb6194da52aa53b9cb4a2dc2ad8368fcf86b68357c712ef0c8b0e79f17"
+RULES_SHA256 = "4647df3ad08acbe6aa1da0bc82ba363cc720c19062c049d04dbbbd458ae9efa7"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",

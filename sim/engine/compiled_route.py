@@ -50,7 +50,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "05721913dc4e7ebc49037816aab4b9433b05e0a73c3b0a996ec29848bd70d277"
+ROUTE_SHA256 = "954ac846b0981ca4dacf59a932888961e3c47df0db1fb368b3d176d72c203b44"
 ROUTE_SOURCES = ("sim/core/load_arrays.py", "sim/engine/compiled_drive.py",
                  "sim/engine/compiled_loop.py")
 
