@@ -168,6 +168,30 @@ def test_markdown_table_formatting() -> None:
     assert lines[3] == "| c | 40 | 1,235 | 12.3 |"
 
 
+def test_a_trace_export_never_replaces_a_file_it_did_not_write(out: Path, tmp_path: Path,
+                                                                capsys) -> None:
+    """``batchsim trace RUN --out FILE`` replaced any file (a user's, or the folder's own
+    summary.csv) and at a folder failed with exit 1; a trace it wrote is still rewritten."""
+    from sim.cli.main import main
+
+    run = next(p for p in (out / "runs").iterdir() if (p / "summary.json").is_file())
+    mine = tmp_path / "mine.json"
+    mine.write_text("mine")
+    for target, words in [(mine, "exists and is not a trace batchsim wrote, so it is not "
+                                 "replaced: remove it or give another file name"),
+                          (out / "summary.csv", "exists and is not a trace batchsim wrote"),
+                          (tmp_path, f"a folder; give the trace's file name (e.g. "
+                                     f"{tmp_path / 'trace.json'})")]:
+        before = target.read_bytes() if target.is_file() else None
+        assert main(["trace", str(run), "--out", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"batchsim: error: --out {target}: {words}"), err
+        assert before is None or target.read_bytes() == before
+    ours = tmp_path / "t.json"
+    assert main(["trace", str(run), "--out", str(ours)]) == 0
+    assert main(["trace", str(run), "--out", str(ours)]) == 0
+
+
 def test_chrome_trace(out: Path, tmp_path: Path) -> None:
     run = out / "runs" / str(pd.read_csv(out / "summary.csv", dtype={"run_id": str})
                              ["run_id"].iloc[0])
