@@ -119,3 +119,10 @@ def test_a_groups_own_policy_and_kv_are_checked_naming_the_group(group, message)
                      kv={"gpu_memory_utilization": 0.5},
                      cost_keys={"model": "llama-3-8b", "hardware": "h100-sxm", "tp": 1,
                                 "engine": "vllm"})
+
+
+def test_a_misspelt_cluster_key_suggests_the_right_one() -> None:
+    with pytest.raises(sim.InputError, match=r"^cluster\.gruops: unknown key \(did you mean "
+                       r"'groups'\?\); accepted: decode_router, groups, label, network$"):
+        sim.simulate(workload(n=5), policy="continuous", cost=COST,
+                     cluster={"groups": [{"name": "a"}], "gruops": []})

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import InputError
-from sim.core.fields import INT, MAP, NUM, OPT, STR, Key, validate_fields
+from sim.core.fields import INT, MAP, NUM, OPT, STR, Key, unknown_key, validate_fields
 from sim.cost.base import CostModel
 
 #: A group's role: colocated, or one side of disaggregated serving.
@@ -84,12 +84,12 @@ def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
     from Python a group may instead carry a ready ``cost`` model, and a group that names no
     model or hardware uses the ``cost`` argument of ``simulate``.
     """
-    accepted = {"groups", *CLUSTER_FIELDS}
-    if not isinstance(cluster, Mapping) or set(cluster) - accepted:
-        extra = sorted(set(cluster) - accepted) if isinstance(cluster, Mapping) else None
-        raise InputError(f"unknown key {extra[0]!r}; accepted: {', '.join(sorted(accepted))}"
-                         if extra else "expected a mapping with a 'groups' list",
-                         field="cluster")
+    accepted = sorted({"groups", *CLUSTER_FIELDS})
+    if not isinstance(cluster, Mapping):
+        raise InputError("expected a mapping with a 'groups' list", field="cluster")
+    extra = sorted(str(k) for k in set(cluster) - set(accepted))
+    if extra:
+        raise unknown_key(extra[0], accepted, f"cluster.{extra[0]}")
     groups = cluster.get("groups")
     if not isinstance(groups, list) or not groups or len(groups) > MAX_GROUPS:
         raise InputError(f"expected a list of 1 to {MAX_GROUPS} groups", field="cluster.groups")
