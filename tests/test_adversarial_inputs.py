@@ -354,6 +354,12 @@ def test_kv_capacity_takes_the_kv_blocks_rules(kwargs, message):
     ({"hardware": "nosuch"}, r"^hardware: unknown gpu 'nosuch'"),
     ({"model": "nosuch"}, r"^model: unknown model 'nosuch'"),
     ({"engine": "nosuch"}, r"^engine: unknown engine 'nosuch'"),
+    # a misspelt name suggests the closest built-ins (a short one is near several)
+    ({"hardware": "h100"}, r"^hardware: unknown gpu 'h100' \(did you mean 'h200', 'h100-sxm' "
+     r"or 'h100-pcie'\?\); known: "),
+    ({"model": "llama-3-8"}, r"^model: unknown model 'llama-3-8' \(did you mean 'llama-3-8b'"),
+    ({"model": None}, r"^model: expected a built-in model name or a profile file path, got "
+     r"None$"),
     ({"hardware": "./missing.yaml"}, r"^hardware: gpu profile file not found"),
     ({"tp": 0}, r"^tp: must be a positive integer"),
     ({"tp": "2"}, r"^tp: must be a positive integer"),
