@@ -198,3 +198,20 @@ def test_a_run_that_rejects_requests_says_so_naming_run_count_and_reason(tmp_pat
     assert main(["run", str(cfg), "--out", str(tmp_path / "o2"), "--set", "sweep=null",
                  "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_profiles_kv_flags_need_a_deployment_and_share_the_kv_defaults(capsys):
+    """``batchsim profiles --tp 2`` (no --model/--hardware) silently ignored the flag; and the
+    capacity report's defaults are the ``kv`` block's, not a second copy of them."""
+    from sim.kv.capacity import describe_capacity
+    from sim.kv.config import KV_FIELDS
+
+    for flag, value in (("--tp", "2"), ("--block-size", "0"),
+                        ("--gpu-memory-utilization", "0.5")):
+        assert main(["profiles", "--hardware", "h100-sxm", flag, value]) == 2
+        assert capsys.readouterr().err == (f"batchsim: error: {flag}: sizes the KV capacity of "
+                                           "a deployment: give --model and --hardware too\n")
+    assert main(["profiles", "--model", "llama-3-8b", "--hardware", "h100-sxm"]) == 0
+    assert capsys.readouterr().out.strip() == describe_capacity(
+        "llama-3-8b", "h100-sxm", 1, KV_FIELDS["block_size"].default,
+        KV_FIELDS["gpu_memory_utilization"].default).strip()
