@@ -27,6 +27,7 @@ from typing import Any, overload
 import pandas as pd
 
 from sim.core.errors import InputError
+from sim.core.fields import is_real
 from sim.experiments.config import (
     RunSpec,
     config_path,
@@ -343,8 +344,8 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
     from sim.experiments.outdir import OutputLock, output_folder
     from sim.experiments.run import preflight
 
-    if not 0.001 <= tolerance <= 0.5:
-        raise CapacityError(f"--tolerance: must be in [0.001, 0.5], got {tolerance:g}")
+    if not is_real(tolerance) or not 0.001 <= tolerance <= 0.5:
+        raise CapacityError(f"--tolerance: must be a number in [0.001, 0.5], got {tolerance!r}")
     jobs = check_jobs(jobs)
     path = config_path(config)
     slos = parse_slos(slo, attainment)
