@@ -215,3 +215,13 @@ def test_profiles_kv_flags_need_a_deployment_and_share_the_kv_defaults(capsys):
     assert capsys.readouterr().out.strip() == describe_capacity(
         "llama-3-8b", "h100-sxm", 1, KV_FIELDS["block_size"].default,
         KV_FIELDS["gpu_memory_utilization"].default).strip()
+
+
+def test_a_resume_flag_says_that_re_running_resumes(capsys):
+    """There is no ``--resume``: the error says what to do instead."""
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "experiments/quickstart.yaml", "--resume"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (
+        "batchsim: error: unrecognized arguments: --resume; re-running the same command "
+        "resumes (finished runs are skipped) (see 'batchsim --help')\n")

@@ -174,6 +174,8 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Report a bad argument in one line (``--help`` still shows the usage)."""
+        if "unrecognized arguments: --resume" in message:  # there is nothing to ask for
+            message += "; re-running the same command resumes (finished runs are skipped)"
         print(f"batchsim: error: {message} (see '{self.prog} --help')", file=sys.stderr)
         raise SystemExit(2)
 
