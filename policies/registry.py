@@ -21,6 +21,11 @@ if TYPE_CHECKING:  # annotations only: importing sim here would be circular
     from sim.core.types import Plan, View
 
 
+#: The policy a run gets when it names none: a YAML without ``policy:`` / ``policies:``,
+#: ``sim.simulate(policy=None)`` and a cluster group that leaves it out.
+DEFAULT_POLICY = "continuous"
+
+
 class PolicyError(InputError):
     """A policy name or parameter is unknown or invalid."""
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from policies import DEFAULT_POLICY
 from routers import Router, make_router
 from routers.balance import RoundRobin
 from sim.cluster.deployment import simulate_groups
@@ -68,10 +69,13 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost
 
     ``router`` is a router spec such as ``{"name": "least_outstanding_tokens"}`` (see
     ``routers``). ``cluster`` (``{"groups": [...]}``, the YAML ``cluster:`` block) makes a
-    heterogeneous deployment (``sim.cluster.groups``): ``policy``, ``cost`` and ``kv`` are
+    heterogeneous deployment (``sim.cluster.groups``): ``policy`` (``None``: ``DEFAULT_POLICY``,
+    as a YAML without ``policy:``), ``cost`` and ``kv`` are
     then the defaults of groups that leave them out, and ``num_replicas`` is not used.
     Every other argument is the engine's.
     """
+    if policy is None:  # what a YAML without ``policy:`` runs
+        policy = DEFAULT_POLICY
     if cluster is not None:
         return _simulate_cluster(requests, policy, cost, kv, seed, router, cluster,
                                  options.pop("cost_keys", None), options)
@@ -105,8 +109,7 @@ def _simulate_cluster(requests: Sequence[Request] | TraceArrays, policy: Any, co
     # groups of mixed replicas take the general engine; disaggregated pools the compiled
     # interpreter where it covers them (``sim.cluster.disagg_run.engine_blocker``)
     fast_path = options.pop("fast_path", True)
-    groups = parse_groups(cluster, policy=policy if policy is not None else "continuous",
-                          kv=kv, cost=cost, cost_keys=cost_keys)
+    groups = parse_groups(cluster, policy=policy, kv=kv, cost=cost, cost_keys=cost_keys)
     chosen = make_router(router if router is not None else "round_robin")
     disagg = None
     if is_disaggregated(groups):

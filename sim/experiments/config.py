@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from policies import DEFAULT_POLICY, make_policy
 from sim.core.errors import InputError
 from sim.core.fields import validate_fields
 from sim.experiments.labels import policy_labels
@@ -211,8 +212,6 @@ def _check_listed_policy(spec: dict[str, Any], index: int, combo: dict[str, Any]
     """Build entry ``index`` of ``policies:`` (with its run's swept values) so that a bad
     parameter names that entry (``policies[1].max_num_seqs``), not a ``policy`` key the file
     does not have; a swept parameter keeps its swept key (``policy.max_num_seqs``)."""
-    from policies import make_policy
-
     try:
         make_policy(spec)
     except InputError as e:
@@ -251,7 +250,7 @@ def expand_runs(raw: dict[str, Any],
     if policies is not None and not policies:
         raise ConfigError(f"{source}: policies: empty list; give at least one policy (or "
                           "drop the key for the default)")
-    policies = policies or [base["policy"] or {"name": "continuous"}]
+    policies = policies or [base["policy"] or {"name": DEFAULT_POLICY}]
     try:
         labels = policy_labels(policies)
     except InputError as e:

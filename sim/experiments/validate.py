@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from policies import DEFAULT_POLICY
 from sim.core.errors import InputError
 from sim.cost.profiles import EngineProfile, load_engine
 from sim.cost.roofline import build_cost_model
@@ -32,7 +33,7 @@ def replay(run: BenchRun, model: str, hardware: str, tp: int = 1,
            seed: int = 0) -> SimResult:
     """Simulate ``run``'s requests (vLLM-style continuous batching unless ``policy``)."""
     cost = build_cost_model(model, hardware, tp, engine=engine)
-    return simulate(run.requests(seed), policy or {"name": "continuous"}, cost, seed=seed)
+    return simulate(run.requests(seed), policy or {"name": DEFAULT_POLICY}, cost, seed=seed)
 
 
 def measured(run: BenchRun) -> dict[str, float]:
