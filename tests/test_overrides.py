@@ -191,3 +191,19 @@ def test_overrides_that_are_no_list_of_strings_are_one_input_error(tmp_path, ove
     with pytest.raises(ConfigError, match=r"^overrides: expected a list of 'dotted\.key=value' "
                        r"strings \(or a mapping of dotted key to value\), got "):
         run_experiment(QUICKSTART, overrides=overrides, out=tmp_path / "x")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--set", "policies[0].max_num_seqs=4"], "--set policies[0].max_num_seqs: a list entry "
+     "cannot be set on its own (policies[0]); set the whole list, e.g. --set 'policies=[...]'"),
+    (["--set", "cluster.groups[1].replicas=2"], "set the whole list, e.g. --set "
+     "'cluster.groups=[...]'"),
+    (["--set", "kv.block_size.x=1"], "--set kv.block_size.x: kv.block_size is a single value, "
+     "not a block of keys; set it whole, e.g. --set 'kv.block_size=...'"),
+])
+def test_a_key_below_a_list_or_a_value_says_what_to_set_instead(tmp_path, capsys, args,
+                                                                 fragment):
+    """These read "unknown key; accepted:" with nothing accepted."""
+    assert main(["run", QUICKSTART, *args, "--out", str(tmp_path / "x"), *CHEAP]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err

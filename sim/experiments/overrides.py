@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from sim.core.errors import InputError
-from sim.core.fields import unknown_key
+from sim.core.fields import Key, unknown_key
 from sim.experiments.schema import SCHEMA, lookup
 from sim.experiments.yaml_strict import yaml_value
 
@@ -46,12 +46,23 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
 
 def check_path(path: str) -> None:
     """Reject an override or sweep key that the schema cannot hold."""
-    if not all(path.split(".")):
+    parts = path.split(".")
+    if not all(parts):
         raise ConfigError(f"{path}: empty key name (two dots in a row, or a dot at an end)")
-    head = path.split(".")[0]
+    indexed = next((p for p in parts if "[" in p), None)
+    if indexed is not None:
+        whole = ".".join(parts[:parts.index(indexed)] + [indexed.split("[")[0]])
+        raise ConfigError(f"{path}: a list entry cannot be set on its own ({indexed}); set the "
+                          f"whole list, e.g. --set '{whole}=[...]'")
+    head = parts[0]
     if head in ("workload", "policy", "router", "cluster", "sweep", "zip"):
         return  # validated by their own modules once set
     if lookup(path) is None:
+        for i in range(1, len(parts)):  # a key below a single value: say which value
+            if isinstance(lookup(".".join(parts[:i])), Key):
+                leaf = ".".join(parts[:i])
+                raise ConfigError(f"{path}: {leaf} is a single value, not a block of keys; set "
+                                  f"it whole, e.g. --set '{leaf}=...'")
         parent = path.rsplit(".", 1)[0] if "." in path else ""
         node = lookup(parent) if parent else SCHEMA
         known = node if isinstance(node, dict) else {}
