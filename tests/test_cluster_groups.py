@@ -126,3 +126,19 @@ def test_a_misspelt_cluster_key_suggests_the_right_one() -> None:
                        r"'groups'\?\); accepted: decode_router, groups, label, network$"):
         sim.simulate(workload(n=5), policy="continuous", cost=COST,
                      cluster={"groups": [{"name": "a"}], "gruops": []})
+
+
+def test_a_cluster_with_a_bucketed_step_table_exits_2_before_any_run(tmp_path, capsys) -> None:
+    """It was checked only inside the run: exit 1, "every run failed"."""
+    from sim.cli.main import main
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("model: llama-3-8b\nmetrics: {step_table: buckets}\n"
+                   "cluster: {groups: [{name: a}]}\nworkload: {arrival: {rate: 5}, "
+                   "num_requests: 3, prompt_tokens: {dist: fixed, value: 8}, "
+                   "output_tokens: {dist: fixed, value: 4}}\n")
+    assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"batchsim: error: {exp}: metrics.step_table: a cluster keeps one row per step; "
+        "bucketed step tables are not supported for clusters yet\n")
+    assert not (tmp_path / "o").exists()

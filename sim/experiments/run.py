@@ -71,6 +71,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
     """Build every run's policy, cost model, KV and workload once, before anything runs."""
     from policies import make_policy
     from routers import make_router
+    from sim.cluster.deployment import check_step_table
     from sim.cluster.groups import parse_groups
     from sim.kv.config import resolve_kv
 
@@ -85,6 +86,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
                 args = cluster_args(cfg)
                 parse_groups(args["cluster"], policy=cfg["policy"], kv=kv_spec(cfg), cost=None,
                              cost_keys=args["cost_keys"])
+                check_step_table(cfg["metrics"]["step_table"])
             try:
                 cost = build_cost(cfg, base_dir)
             except InputError as e:
