@@ -215,3 +215,25 @@ def test_chrome_trace(out: Path, tmp_path: Path) -> None:
     assert sum(e["name"].startswith("request ") for e in begins) == 20
     assert any(e["ph"] == "M" and e["args"].get("name") == "replica 0" for e in events)
     assert doc["otherData"]["requests_total"] == len(requests)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("- 1\n- 2\n", "expected the mapping batchsim writes, with the experiment under "
+                   "'experiment:' (the file was edited or replaced)"),
+    ("source: x\n", "expected the mapping batchsim writes"),
+    ("[1, 2", "while parsing a flow sequence"),
+])
+def test_plot_of_a_folder_with_a_damaged_experiment_yaml_says_so(out: Path, tmp_path: Path,
+                                                                 capsys, text, words) -> None:
+    """A list there read "list indices must be integers or slices, not str"."""
+    import shutil
+
+    from sim.cli.main import main
+
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "experiment.yaml").write_text(text)
+    assert main(["plot", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"batchsim: error: {copy / 'experiment.yaml'}: cannot rebuild the "
+                          f"experiment: {words}"), err
