@@ -583,3 +583,12 @@ def test_an_experiment_argument_that_is_no_path_is_one_config_error(path, tmp_pa
         run_experiment(path, out=tmp_path / "o")
     with pytest.raises(ConfigError, match=r"^config: expected the path"):
         run_capacity(path, slo="ttft_p99_ms=100", out=tmp_path / "o")
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [({"plots": "no"}, "plots"),
+                                               ({"quiet": 1}, "quiet")])
+def test_run_experiment_flags_are_booleans(tmp_path, kwargs, field):
+    """``plots="no"`` drew the plots (a non-empty string is true)."""
+    with pytest.raises(InputError, match=rf"^{field}: expected true or false, got "):
+        run_experiment(write_exp(tmp_path), out=tmp_path / "o", **kwargs)
+    assert not (tmp_path / "o").exists()

@@ -119,6 +119,14 @@ def check_value(value: Any, key: Key, path: str) -> Any:
     return value
 
 
+def check_flags(**flags: Any) -> None:
+    """Each keyword argument is a bool: an API flag given as ``"no"`` (true, being non-empty)
+    or ``1`` is an ``InputError`` naming it, not a silent yes."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise InputError(f"expected true or false, got {flag!r}", field=name)
+
+
 def check_int_range(value: int, path: str) -> None:
     """Refuse an integer of magnitude above ``MAX_INT`` (see there), naming ``path``."""
     if abs(value) > MAX_INT:

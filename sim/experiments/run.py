@@ -18,6 +18,7 @@ import pandas as pd
 import yaml
 
 from sim.core.errors import EnvironmentFailure, InputError
+from sim.core.fields import check_flags
 from sim.cost.profiles import calibration_notes
 from sim.cost.validity import VALIDITY_COLUMNS
 from sim.experiments.config import ConfigError, RunSpec, config_path, expand_runs, load_yaml
@@ -214,6 +215,7 @@ def run_experiment(path: str | Path,
     """
     jobs = check_jobs(jobs)
     check_executor(executor, address)
+    check_flags(quiet=quiet, plots=plots if plots is not None else False)
     path = config_path(path)
     raw = load_yaml(path)
     base, runs = expand_runs(raw, overrides, source=str(path), sweeps=sweeps,
