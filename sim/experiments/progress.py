@@ -25,6 +25,12 @@ def format_seconds(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def fallback_message(reasons: dict[str, int]) -> str:
+    """The console line naming why runs took the general engine (``SimResult.engine_reason``)."""
+    parts = [f"{why} ({n} run{'s' if n > 1 else ''})" for why, n in reasons.items()]
+    return "batchsim: general engine (slower, exact) for: " + "; ".join(parts)
+
+
 def rejected_phrase(label: str, rid: str, result: Mapping[str, Any]) -> str:
     """``label (run id): 20 of 20 (first reason)`` of a finished run that rejected requests."""
     n = sum(int(result.get(k) or 0) for k in ("completed", "num_rejected", "num_unfinished"))

@@ -38,7 +38,12 @@ from sim.experiments.outdir import (
     finished_summary,
     output_folder,
 )
-from sim.experiments.progress import Progress, rejected_note, rejected_phrase
+from sim.experiments.progress import (
+    Progress,
+    fallback_message,
+    rejected_note,
+    rejected_phrase,
+)
 from sim.experiments.results import write_text
 from sim.experiments.runner import (
     build_cost,
@@ -125,12 +130,6 @@ def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, 
         run_serial(args, on_done, labels)
     else:
         run_pool(args, jobs, on_done)
-
-
-def fallback_message(reasons: dict[str, int]) -> str:
-    """The console line naming why runs took the general engine (``SimResult.engine_reason``)."""
-    parts = [f"{why} ({n} run{'s' if n > 1 else ''})" for why, n in reasons.items()]
-    return "batchsim: general engine (slower, exact) for: " + "; ".join(parts)
 
 
 def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
