@@ -568,7 +568,8 @@ def test_a_folder_of_other_files_is_refused_as_out_and_left_untouched(tmp_path, 
     assert {p: p.read_text() for p in files} == files
     assert sorted(p.name for p in mine.iterdir()) == ["plots", "report.md", "summary.csv"]
     ours = tmp_path / "ours"
-    ours.mkdir()  # empty: fine, and once written it is batchsim's own
+    ours.mkdir()  # empty (hidden files aside): fine, and once written it is batchsim's own
+    (ours / ".DS_Store").write_text("finder")
     assert cli(capsys, command, str(exp), *extra, "--out", str(ours), "--quiet")[0] == 0
     assert cli(capsys, command, str(exp), *extra, "--out", str(ours), "--quiet")[0] == 0
 

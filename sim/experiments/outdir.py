@@ -85,12 +85,14 @@ def check_own_folder(path: Path) -> None:
     """Refuse an existing, non-empty folder that batchsim did not write: it would replace the
     user's files of its names there (``summary.csv``, ``report.md``, ``plots/*.png``...).
     batchsim's own folders hold the lock file every writing command creates, or (folders
-    older than the lock) a ``runs/`` or ``probes/`` folder."""
+    older than the lock) a ``runs/`` or ``probes/`` folder; one of hidden files only counts as
+    empty."""
     if not path.is_dir() or (path / LOCK_NAME).exists() or any(
             (path / sub).is_dir() for sub in ("runs", "probes")):
         return
-    with os.scandir(path) as entries:
-        names = sorted(e.name for e in itertools.islice(entries, 4))
+    with os.scandir(path) as entries:  # hidden files (.DS_Store, .gitkeep) leave it empty
+        names = sorted(itertools.islice((e.name for e in entries if not e.name.startswith(".")),
+                                        4))
     if names:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         raise OutputFolderError(f"--out {path}: a folder of other files ({shown}), not a "
