@@ -107,10 +107,10 @@ BAD_REQUESTS = [
      f"{2**70}"),
     ({"tenant": 5}, "requests[2].tenant: must be a string or None, got 5"),
     ({"prefix_id": 7}, "requests[2].prefix_id: must be a string or None, got 7"),
-    ({"prefix_id": "p", "num_prefix_tokens": 9}, "requests[2].num_prefix_tokens: must be an "
-     "integer from 0 to the prompt's 4 tokens, got 9"),
-    ({"num_prefix_tokens": -1}, "requests[2].num_prefix_tokens: must be an integer from 0 to "
-     "the prompt's 4 tokens, got -1"),
+    ({"prefix_id": "p", "num_prefix_tokens": 2.5}, "requests[2].num_prefix_tokens: must be an "
+     "integer >= 0, got 2.5"),
+    ({"num_prefix_tokens": -1}, "requests[2].num_prefix_tokens: must be an integer >= 0, "
+     "got -1"),
 ]
 
 
