@@ -142,3 +142,22 @@ def test_a_cluster_with_a_bucketed_step_table_exits_2_before_any_run(tmp_path, c
         f"batchsim: error: {exp}: metrics.step_table: a cluster keeps one row per step; "
         "bucketed step tables are not supported for clusters yet\n")
     assert not (tmp_path / "o").exists()
+
+
+def test_parallelism_replicas_beside_a_cluster_is_said_to_be_unused() -> None:
+    """A cluster's groups set the replicas; ``parallelism.replicas: 3`` beside one was
+    ignored without a word."""
+    from sim.experiments.config import expand_runs
+
+    raw = {"model": "llama-3-8b", "parallelism": {"replicas": 3},
+           "cluster": {"groups": [{"name": "a"}]},
+           "workload": {"arrival": {"rate": 5}, "num_requests": 3,
+                        "prompt_tokens": {"dist": "fixed", "value": 8},
+                        "output_tokens": {"dist": "fixed", "value": 4}}}
+    notes: list[str] = []
+    expand_runs(raw, notify=notes.append)
+    assert notes == ["parallelism.replicas (3) is not used by the runs with a cluster block: "
+                     "its groups set the replicas"]
+    notes.clear()
+    expand_runs({**raw, "parallelism": {"tp": 1}}, notify=notes.append)
+    assert notes == []

@@ -276,4 +276,8 @@ def expand_runs(raw: dict[str, Any],
             cfg.pop("zip", None)
             cfg.pop("policies", None)
             runs.append(RunSpec(cfg, combo, label))
+    given = (data.get("parallelism") or {}).get("replicas")
+    if notify is not None and given is not None and any(r.config.get("cluster") for r in runs):
+        notify(f"parallelism.replicas ({given}) is not used by the runs with a cluster block: "
+               "its groups set the replicas")
     return base, runs
