@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policies.ordering import ORDERINGS
-from policies.registry import Policy, check_positive, register
+from policies.registry import Policy, check_choice, check_positive, register
 from policies.scheduler import schedule
 from sim.core.scheduling import SchedulingSpec
 from sim.core.types import Plan, View
@@ -57,8 +57,7 @@ class ChunkedPrefill(Policy):
                       "decode must fit in one step's budget")
         self._require(0 <= self.watermark < 1, "watermark", f"must be in [0, 1), got "
                       f"{self.watermark!r}")
-        self._require(self.ordering in ORDERINGS, "ordering",
-                      f"unknown {self.ordering!r}; accepted: {tuple(ORDERINGS)}")
+        check_choice(self, "ordering", self.ordering, ORDERINGS)
 
         self.spec = SchedulingSpec(
             composition="decode_first", admission="chunked", chunk_size=self.chunk_size,

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policies.ordering import ORDERINGS
-from policies.registry import Policy, check_positive, register
+from policies.registry import Policy, check_choice, check_positive, register
 from policies.scheduler import schedule
 from sim.core.scheduling import SchedulingSpec
 from sim.core.types import Plan, View
@@ -47,9 +47,8 @@ class ContinuousBatching(Policy):
                        max_num_batched_tokens=self.max_num_batched_tokens)
         self._require(0 <= self.watermark < 1, "watermark", f"must be in [0, 1), got "
                       f"{self.watermark!r}")
-        self._require(self.mode in MODES, "mode", f"unknown {self.mode!r}; accepted: {MODES}")
-        self._require(self.ordering in ORDERINGS, "ordering",
-                      f"unknown {self.ordering!r}; accepted: {tuple(ORDERINGS)}")
+        check_choice(self, "mode", self.mode, MODES)
+        check_choice(self, "ordering", self.ordering, ORDERINGS)
 
         self.spec = SchedulingSpec(
             composition="prefill_first" if self.mode == "vllm" else "mixed", admission="whole",

@@ -29,7 +29,7 @@ from typing import TypeGuard
 
 from policies.batch_run import RunToCompletion, check_wait
 from policies.ordering import ORDERINGS
-from policies.registry import Policy, check_positive, register
+from policies.registry import Policy, check_choice, check_positive, register
 from sim.core.types import Plan, SeqView, View
 
 
@@ -50,8 +50,7 @@ class DynamicBatching(Policy):
     def __post_init__(self) -> None:
         check_positive(self, max_batch_size=self.max_batch_size)
         check_wait(self, "max_wait_s", self.max_wait_s, optional=False)
-        self._require(self.ordering in ORDERINGS, "ordering",
-                      f"unknown {self.ordering!r}; accepted: {tuple(ORDERINGS)}")
+        check_choice(self, "ordering", self.ordering, ORDERINGS)
         self._key = self._bucket_key()
         self._batch = RunToCompletion()  # per-instance: one policy object per replica
 

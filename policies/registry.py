@@ -14,10 +14,16 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sim.core.errors import InputError
+from sim.core.fields import not_one_of
 from sim.core.plugins import typed
 
 if TYPE_CHECKING:  # annotations only: importing sim here would be circular
     from sim.core.types import Plan, View
+
+
+#: The policy a run gets when it names none: a YAML without ``policy:`` / ``policies:``,
+#: ``sim.simulate(policy=None)`` and a cluster group that leaves it out.
+DEFAULT_POLICY = "continuous"
 
 
 class PolicyError(InputError):
@@ -46,9 +52,9 @@ class Policy:
         return self.max_num_seqs
 
     def _require(self, ok: bool, field: str, problem: str) -> None:
-        """Raise a ``PolicyError`` naming this policy and parameter unless ``ok``."""
+        """Raise a ``PolicyError`` at ``policy.<field>`` unless ``ok``."""
         if not ok:
-            raise PolicyError(f"policy {self.name!r}: {field}: {problem}")
+            raise PolicyError(problem, field=f"policy.{field}")
 
 
 _REGISTRY: dict[str, type[Policy]] = {}
@@ -85,28 +91,28 @@ def make_policy(spec: str | Mapping[str, Any] | Policy) -> Policy:
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, Mapping) or "name" not in spec:
-        raise PolicyError("policy: expected a mapping with a 'name' key, e.g. "
-                          "{name: continuous, max_num_seqs: 64}")
+        raise PolicyError("expected a mapping with a 'name' key, e.g. "
+                          "{name: continuous, max_num_seqs: 64}", field="policy")
     params = dict(spec)
     name = params.pop("name")
     label = params.pop("label", None)  # a display name for reports, not a parameter
     if label is not None and not isinstance(label, str):
-        raise PolicyError(f"policy.label: must be a string, got {type(label).__name__}")
+        raise PolicyError(f"must be a string, got {type(label).__name__}", field="policy.label")
     if not isinstance(name, str):
-        raise PolicyError(f"policy.name: must be a string, got {type(name).__name__}")
+        raise PolicyError(f"must be a string, got {type(name).__name__}", field="policy.name")
     cls = _REGISTRY.get(name)
     if cls is None:
         hint = difflib.get_close_matches(str(name), _REGISTRY, n=1)
         extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-        raise PolicyError(f"policy.name: unknown policy {name!r}{extra}; accepted: "
-                          f"{', '.join(sorted(_REGISTRY))}")
+        raise PolicyError(f"unknown policy {name!r}{extra}; accepted: "
+                          f"{', '.join(sorted(_REGISTRY))}", field="policy.name")
     accepted = policy_params(cls)
     for key in params:
         if not isinstance(key, str) or key not in accepted:
             hint = difflib.get_close_matches(str(key), accepted, n=1)
             extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise PolicyError(f"policy.{key}: unknown parameter of {name!r}{extra}; accepted: "
-                              f"{', '.join(accepted)}")
+            raise PolicyError(f"unknown parameter of {name!r}{extra}; accepted: "
+                              f"{', '.join(accepted)}", field=f"policy.{key}")
     for key, value in params.items():
         params[key] = _typed(key, value, accepted[key])
     return cls(**params)
@@ -116,6 +122,12 @@ def _typed(key: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the parameter's default (``None`` defaults accept
     anything the policy's own validation allows): ``sim.core.plugins.typed``'s rule."""
     return typed(PolicyError, f"policy.{key}", value, default)
+
+
+def check_choice(policy: Policy, field: str, value: Any, choices: Any) -> None:
+    """Validate that parameter ``field`` is one of ``choices`` (``sim.core.fields``' words)."""
+    policy._require(isinstance(value, str) and value in choices, field,
+                    not_one_of(value, choices))
 
 
 def check_positive(policy: Policy, **values: float | None) -> None:

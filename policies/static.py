@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from policies.batch_run import RunToCompletion, check_wait
 from policies.ordering import ORDERINGS
-from policies.registry import Policy, check_positive, register
+from policies.registry import Policy, check_choice, check_positive, register
 from sim.core.types import Plan, View
 
 
@@ -36,8 +36,7 @@ class StaticBatching(Policy):
     def __post_init__(self) -> None:
         check_positive(self, batch_size=self.batch_size)
         check_wait(self, "timeout_s", self.timeout_s, optional=True)
-        self._require(self.ordering in ORDERINGS, "ordering",
-                      f"unknown {self.ordering!r}; accepted: {tuple(ORDERINGS)}")
+        check_choice(self, "ordering", self.ordering, ORDERINGS)
         self._batch = RunToCompletion()  # per-instance: one policy object per replica
 
     @property

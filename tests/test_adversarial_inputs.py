@@ -354,10 +354,19 @@ def test_kv_capacity_takes_the_kv_blocks_rules(kwargs, message):
     ({"hardware": "nosuch"}, r"^hardware: unknown gpu 'nosuch'"),
     ({"model": "nosuch"}, r"^model: unknown model 'nosuch'"),
     ({"engine": "nosuch"}, r"^engine: unknown engine 'nosuch'"),
+    # a misspelt name suggests the closest built-ins (a short one is near several)
+    ({"hardware": "h100"}, r"^hardware: unknown gpu 'h100' \(did you mean 'h200', 'h100-sxm' "
+     r"or 'h100-pcie'\?\); known: "),
+    ({"model": "llama-3-8"}, r"^model: unknown model 'llama-3-8' \(did you mean 'llama-3-8b'"),
+    ({"model": None}, r"^model: expected a built-in model name or a profile file path, got "
+     r"None$"),
     ({"hardware": "./missing.yaml"}, r"^hardware: gpu profile file not found"),
-    ({"tp": 0}, r"tp must be a positive integer"),
-    ({"tp": "2"}, r"tp must be a positive integer"),
-    ({"weight_dtype": "fp7"}, r"unknown weight_dtype 'fp7'"),
+    ({"tp": 0}, r"^tp: must be a positive integer"),
+    ({"tp": "2"}, r"^tp: must be a positive integer"),
+    ({"tp": 3}, r"^tp: llama-3-8b: 32 attention heads do not split over tp=3$"),
+    ({"weight_dtype": "fp7"}, r"^weight_dtype: 'fp7' is not one of fp32, bf16, fp16, fp8, int8, "
+     r"int4 \(did you mean 'fp8'\?\)$"),
+    ({"kv_dtype": ["fp8"]}, r"^kv_dtype: \['fp8'\] is not one of"),
     # the cost-parameter overrides: an efficiency of 0 divided by zero, NaN went through
     ({"memory_eff": 0}, r"^memory_eff: must be > 0"),
     ({"memory_eff": float("nan")}, r"^memory_eff: must be finite"),
@@ -370,6 +379,51 @@ def test_build_cost_model_misuse_is_one_input_error(kwargs, message):
     args = {"model": "llama-3-8b", "hardware": "h100-sxm", **kwargs}
     with pytest.raises(InputError, match=message):
         sim.build_cost_model(**args)
+
+
+def test_a_tp_the_heads_cannot_split_over_names_parallelism_tp(tmp_path, capsys):
+    """From the YAML the TP error names ``parallelism.tp`` (it named ``model/hardware``)."""
+    from sim.cli.main import main
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({**BASE, "parallelism": {"tp": 3}}))
+    assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"batchsim: error: {exp}: parallelism.tp: llama-3-8b: "
+                                       "32 attention heads do not split over tp=3\n")
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: sim.ConstantCost(step_s="a"), r"^cost\.step_s: expected a number of seconds, "
+     r"got 'a'$"),
+    (lambda: sim.ConstantCost(step_s="0.01"), r"^cost\.step_s: expected a number"),
+    (lambda: sim.ConstantCost(step_s=True), r"^cost\.step_s: expected a number"),
+    (lambda: sim.LinearCost(base_s=0.01, per_token_s=None), r"^cost\.per_token_s: expected "
+     r"a number of seconds, got None$"),
+])
+def test_analytic_cost_models_take_numbers_of_seconds_only(make, message):
+    """``ConstantCost("a")`` was a ``ValueError`` from ``float``, and ``"0.01"`` or ``True``
+    were taken as numbers, which the YAML's ``cost.step_s`` refuses."""
+    with pytest.raises(InputError, match=message):
+        make()
+    assert sim.ConstantCost(step_s=np.float32(0.5)).step_s == 0.5
+
+
+@pytest.mark.parametrize(("new_tokens", "context_lens", "message"), [
+    ("a", "b", r"^new_tokens: expected a 1-D list of whole token counts, got \['a'\]$"),
+    ([float("nan")], [1], r"^new_tokens: expected a 1-D list of whole token counts"),
+    ([2.5], [8], r"^new_tokens: expected a 1-D list of whole token counts, got \[2\.5\]"),
+    ([1], [None], r"^context_lens: expected a 1-D list of whole token counts"),
+    ([1], [10**30], r"^context_lens: expected a 1-D list of whole token counts"),
+    ([True], [1], r"^new_tokens: expected a 1-D list of whole token counts"),
+])
+def test_step_time_takes_whole_token_counts_only(new_tokens, context_lens, message):
+    """``cost.step_time`` (``BatchShape.of``): a string or NaN was a numpy ValueError, and 2.5
+    new tokens silently cost as 2."""
+    cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm")
+    with pytest.raises(InputError, match=message):
+        cost.step_time(new_tokens=new_tokens, context_lens=context_lens)
+    assert cost.step_time(new_tokens=[512.0, 1], context_lens=[512, 900]) == cost.step_time(
+        new_tokens=[512, 1], context_lens=[512, 900])
 
 
 # --------------------------------------------------------------------------- end to end

@@ -512,3 +512,84 @@ def test_capacity_uses_the_same_output_folder_guard(tmp_path, monkeypatch, capsy
         rc, err = cli(capsys, "capacity", str(exp), "--slo", "ttft_p99_ms=1000", "--out",
                       str(tmp_path / "cap"), "--quiet")
     assert rc == 2 and "another batchsim command" in err, err
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2", "100000"])
+@pytest.mark.parametrize("command", ["run", "capacity"])
+def test_jobs_outside_one_to_four_per_cpu_exit_2_before_anything_starts(tmp_path, capsys,
+                                                                       monkeypatch, command,
+                                                                       jobs):
+    """``--jobs`` is one rule for run and capacity, and for ``sim.run_experiment``: a whole
+    number from 1 to 4 per CPU (``--jobs 100000`` would start that many processes)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    exp = write_exp(tmp_path)
+    extra = ["--slo", "ttft_p99_ms=1000"] if command == "capacity" else []
+    rc, err = cli(capsys, command, str(exp), *extra, "--jobs", jobs, "--out",
+                  str(tmp_path / "o"), "--quiet")
+    assert rc == 2 and err == ("batchsim: error: --jobs: must be a whole number from 1 to 8 "
+                               f"(4 per CPU of this machine), got {jobs}\n"), err
+    assert not (tmp_path / "o").exists()
+    for bad in (0, "2", 2.0, True):
+        with pytest.raises(InputError, match=r"^--jobs: must be a whole number from 1 to 8"):
+            run_experiment(exp, out=tmp_path / "o", jobs=bad)
+
+
+def test_an_unknown_executor_or_an_address_without_dask_is_refused(tmp_path):
+    """From Python too: ``executor="spark"`` would run locally, an ``address`` without dask
+    would be ignored."""
+    exp = write_exp(tmp_path)
+    with pytest.raises(InputError, match=r"^--executor: 'dsak' is not one of local, dask "
+                       r"\(did you mean 'dask'\?\)$"):
+        run_experiment(exp, out=tmp_path / "o", executor="dsak")
+    with pytest.raises(InputError, match=r"^--address: a Dask scheduler address "
+                       r"\('tcp://h:8786'\) needs --executor dask$"):
+        run_experiment(exp, out=tmp_path / "o", address="tcp://h:8786")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "capacity"])
+def test_a_folder_of_other_files_is_refused_as_out_and_left_untouched(tmp_path, capsys,
+                                                                     command):
+    """``--out`` at a folder of the user's own files used to overwrite its ``summary.csv``,
+    ``report.md`` and ``plots/*.png``; a folder batchsim wrote is still reused (resume)."""
+    exp = write_exp(tmp_path)
+    mine = tmp_path / "mine"
+    (mine / "plots").mkdir(parents=True)
+    files = {mine / "report.md": "my notes\n", mine / "summary.csv": "a,b\n",
+             mine / "plots" / "latency.png": "png\n"}
+    for path, text in files.items():
+        path.write_text(text)
+    extra = ["--slo", "ttft_p99_ms=1000"] if command == "capacity" else []
+    rc, err = cli(capsys, command, str(exp), *extra, "--out", str(mine), "--quiet")
+    assert rc == 2 and err == (
+        f"batchsim: error: --out {mine}: a folder of other files (plots, report.md, "
+        "summary.csv), not a batchsim output folder; batchsim would replace files there "
+        "(summary.csv, report.md, plots/...): give a new or empty folder\n"), err
+    assert {p: p.read_text() for p in files} == files
+    assert sorted(p.name for p in mine.iterdir()) == ["plots", "report.md", "summary.csv"]
+    ours = tmp_path / "ours"
+    ours.mkdir()  # empty (hidden files aside): fine, and once written it is batchsim's own
+    (ours / ".DS_Store").write_text("finder")
+    assert cli(capsys, command, str(exp), *extra, "--out", str(ours), "--quiet")[0] == 0
+    assert cli(capsys, command, str(exp), *extra, "--out", str(ours), "--quiet")[0] == 0
+
+
+@pytest.mark.parametrize("path", [None, 5, {"workload": {}}, ""])
+def test_an_experiment_argument_that_is_no_path_is_one_config_error(path, tmp_path):
+    """``sim.run_experiment(None)`` was a ``TypeError`` from pathlib; capacity the same."""
+    from sim.experiments.capacity import run_capacity
+
+    with pytest.raises(ConfigError, match=r"^config: expected the path of an experiment YAML "
+                       r"file, got "):
+        run_experiment(path, out=tmp_path / "o")
+    with pytest.raises(ConfigError, match=r"^config: expected the path"):
+        run_capacity(path, slo="ttft_p99_ms=100", out=tmp_path / "o")
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [({"plots": "no"}, "plots"),
+                                               ({"quiet": 1}, "quiet")])
+def test_run_experiment_flags_are_booleans(tmp_path, kwargs, field):
+    """``plots="no"`` drew the plots (a non-empty string is true)."""
+    with pytest.raises(InputError, match=rf"^{field}: expected true or false, got "):
+        run_experiment(write_exp(tmp_path), out=tmp_path / "o", **kwargs)
+    assert not (tmp_path / "o").exists()

@@ -171,3 +171,13 @@ def test_bad_inputs_raise_calibration_error(tmp_path, capsys):
     assert err.count("\n") == 2 and "batchsim: error:" in err
     with pytest.raises(cal.CalibrationError):
         cli_main(_args(data=str(MEAS / "iteration_example.csv"), write=True))
+
+
+def test_a_report_path_that_is_a_file_is_refused_before_the_fit(tmp_path, capsys):
+    """``--report FILE`` failed with "File exists", exit 1, after the whole fit."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    assert batchsim(["calibrate", "--gpu", "h100-sxm", "--report", str(afile)]) == 2
+    assert capsys.readouterr() == ("", f"batchsim: error: --report {afile}: exists and is not "
+                                   "a folder (the report is a folder of report.md and plots)\n")
+    assert afile.read_text() == "mine"

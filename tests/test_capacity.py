@@ -274,3 +274,30 @@ def test_overrides_and_sweeps_follow_the_run_rules(exp, tmp_path, capsys):
                  "workload.arrival.rate=[1,2]", "--out", str(tmp_path / "d")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "capacity searches over the rate" in err
+
+
+def test_an_experiment_without_a_rate_to_search_names_its_file(tmp_path, capsys):
+    """A mix workload has no one rate: the message names the experiment file (it named only
+    ``workload``), exit code 2."""
+    exp = tmp_path / "mix.yaml"
+    exp.write_text("cost: {kind: constant, step_s: 0.01}\nkv: {num_blocks: 1000}\n"
+                   "workload: {mix: [{trace: azure-conv, rate: 2, max_requests: 20}, "
+                   "{trace: azure-code, rate: 1, max_requests: 20}]}\n")
+    assert main(["capacity", str(exp), "--slo", "ttft_p99_ms=2000", "--out",
+                 str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"batchsim: error: {exp}: workload: no arrival rate to search over; capacity needs "
+        "workload.rate (trace replay) or workload.arrival.rate (synthetic)\n")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"tolerance": "x"}, r"^--tolerance: must be a number in \[0\.001, 0\.5\], got 'x'$"),
+    ({"tolerance": float("nan")}, r"^--tolerance: must be a number in \[0\.001, 0\.5\]"),
+    ({"slo": "ttft_ms=100", "attainment": "0.9"}, r"^--attainment: must be a number in "
+     r"\(0, 1\], got '0\.9'$"),
+    ({"slo": 5}, r"^--slo: expected text such as 'ttft_p99_ms=2000', got 5$"),
+])
+def test_run_capacity_misuse_is_one_capacity_error(exp, tmp_path, kwargs, message):
+    """From Python the same checks as the flags: they were TypeErrors and AttributeErrors."""
+    with pytest.raises(CapacityError, match=message):
+        run_capacity(exp, **{"slo": "ttft_p99_ms=100", **kwargs}, out=tmp_path / "o")

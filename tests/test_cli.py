@@ -123,6 +123,12 @@ BAD_CONFIGS = [
     (TINY.replace("metrics", "m") + "metrics: {warmup_s: -1}\n", "metrics.warmup_s"),
     (TINY.replace("kv: {num_blocks: 400, block_size: 16}",
                   "kv: {num_blocks: 400, allocator: slab}"), "reserve_tokens"),
+    # YAML's words, not Python's: null and mapping (they read NoneType and dict)
+    (TINY.replace("seed: 1", "seed: null"), "seed: expected int, got null"),
+    (TINY.replace("kv: {num_blocks: 400, block_size: 16}", "kv: null"),
+     "kv: expected a mapping, got null"),
+    (TINY.replace("name: tiny", "name: tiny\ncluster: [a]"),
+     "cluster: expected mapping or null, got list ['a']"),
 ]
 
 
@@ -175,3 +181,47 @@ def test_builtin_names_resolve_from_any_directory(tmp_path):
                        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "19366"
+
+
+def test_a_run_that_rejects_requests_says_so_naming_run_count_and_reason(tmp_path, capsys):
+    """A cache too small for any request (every request rejected, NaN latencies) used to finish
+    with exit code 0 and not a word: now one line names the run, how many and why."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY.replace("num_blocks: 400", "num_blocks: 1"))
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"),
+                 "--set", "sweep=null"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "rejected" in line]
+    assert len(notes) == 1 and notes[0].startswith(
+        "batchsim: requests rejected (they can never run on this deployment; every reason in "
+        "runs/<id>/requests, column reason): continuous ("), notes
+    assert "): 40 of 40 (needs " in notes[0] and "the cache has 1)" in notes[0], notes
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o2"), "--set", "sweep=null",
+                 "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_profiles_kv_flags_need_a_deployment_and_share_the_kv_defaults(capsys):
+    """``batchsim profiles --tp 2`` (no --model/--hardware) silently ignored the flag; and the
+    capacity report's defaults are the ``kv`` block's, not a second copy of them."""
+    from sim.kv.capacity import describe_capacity
+    from sim.kv.config import KV_FIELDS
+
+    for flag, value in (("--tp", "2"), ("--block-size", "0"),
+                        ("--gpu-memory-utilization", "0.5")):
+        assert main(["profiles", "--hardware", "h100-sxm", flag, value]) == 2
+        assert capsys.readouterr().err == (f"batchsim: error: {flag}: sizes the KV capacity of "
+                                           "a deployment: give --model and --hardware too\n")
+    assert main(["profiles", "--model", "llama-3-8b", "--hardware", "h100-sxm"]) == 0
+    assert capsys.readouterr().out.strip() == describe_capacity(
+        "llama-3-8b", "h100-sxm", 1, KV_FIELDS["block_size"].default,
+        KV_FIELDS["gpu_memory_utilization"].default).strip()
+
+
+def test_a_resume_flag_says_that_re_running_resumes(capsys):
+    """There is no ``--resume``: the error says what to do instead."""
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "experiments/quickstart.yaml", "--resume"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (
+        "batchsim: error: unrecognized arguments: --resume; re-running the same command "
+        "resumes (finished runs are skipped) (see 'batchsim --help')\n")

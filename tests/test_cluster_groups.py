@@ -125,3 +125,66 @@ def test_a_disaggregated_result_is_a_mixed_clusters_plus_only_its_own_parts() ->
     routing = imbalance(RoutingLog(), mixed.steps, 3)
     assert set(routing) <= set(mixed.summary)
     assert {f"decode_{k}" for k in routing} | {"decode_router"} <= set(split.summary)
+
+
+@pytest.mark.parametrize(("group", "message"), [
+    ({"name": "b", "policy": {"name": "continuous", "max_num_seqs": 0}},
+     r"^cluster\.groups\[1\]\.policy\.max_num_seqs: must be > 0, got 0$"),
+    ({"name": "b", "policy": "contineous"},
+     r"^cluster\.groups\[1\]\.policy\.name: unknown policy 'contineous' \(did you mean"),
+    ({"name": "b", "kv": {"block_size": 0}},
+     r"^cluster\.groups\[1\]\.kv\.block_size: must be >= 1"),
+    ({"name": "b", "hardware": "l4"}, r"^cluster\.groups\[1\]\.kv: no memory left"),
+])
+def test_a_groups_own_policy_and_kv_are_checked_naming_the_group(group, message) -> None:
+    """A group's policy and KV cache are built once when the cluster is read, so a bad one is an
+    error at the group's path before anything runs (the experiment's KV cache too, where only
+    this group's GPU cannot hold it: half of an L4 is less than Llama-3-8B's weights)."""
+    cluster = {"groups": [{"name": "a"}, group]}
+    with pytest.raises(sim.InputError, match=message):
+        sim.simulate(workload(n=5), policy="continuous", cluster=cluster,
+                     kv={"gpu_memory_utilization": 0.5},
+                     cost_keys={"model": "llama-3-8b", "hardware": "h100-sxm", "tp": 1,
+                                "engine": "vllm"})
+
+
+def test_a_misspelt_cluster_key_suggests_the_right_one() -> None:
+    with pytest.raises(sim.InputError, match=r"^cluster\.gruops: unknown key \(did you mean "
+                       r"'groups'\?\); accepted: decode_router, groups, label, network$"):
+        sim.simulate(workload(n=5), policy="continuous", cost=COST,
+                     cluster={"groups": [{"name": "a"}], "gruops": []})
+
+
+def test_a_cluster_with_a_bucketed_step_table_exits_2_before_any_run(tmp_path, capsys) -> None:
+    """It was checked only inside the run: exit 1, "every run failed"."""
+    from sim.cli.main import main
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("model: llama-3-8b\nmetrics: {step_table: buckets}\n"
+                   "cluster: {groups: [{name: a}]}\nworkload: {arrival: {rate: 5}, "
+                   "num_requests: 3, prompt_tokens: {dist: fixed, value: 8}, "
+                   "output_tokens: {dist: fixed, value: 4}}\n")
+    assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        f"batchsim: error: {exp}: metrics.step_table: a cluster keeps one row per step; "
+        "bucketed step tables are not supported for clusters yet\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_parallelism_replicas_beside_a_cluster_is_said_to_be_unused() -> None:
+    """A cluster's groups set the replicas; ``parallelism.replicas: 3`` beside one was
+    ignored without a word."""
+    from sim.experiments.config import expand_runs
+
+    raw = {"model": "llama-3-8b", "parallelism": {"replicas": 3},
+           "cluster": {"groups": [{"name": "a"}]},
+           "workload": {"arrival": {"rate": 5}, "num_requests": 3,
+                        "prompt_tokens": {"dist": "fixed", "value": 8},
+                        "output_tokens": {"dist": "fixed", "value": 4}}}
+    notes: list[str] = []
+    expand_runs(raw, notify=notes.append)
+    assert notes == ["parallelism.replicas (3) is not used by the runs with a cluster block: "
+                     "its groups set the replicas"]
+    notes.clear()
+    expand_runs({**raw, "parallelism": {"tp": 1}}, notify=notes.append)
+    assert notes == []

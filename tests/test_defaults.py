@@ -68,3 +68,19 @@ def test_analytic_cost_default_kv_is_unlimited() -> None:
     res = sim.simulate([req], policy={"name": "continuous"}, cost=sim.ConstantCost(0.01))
     assert res.kv is not None and res.kv.unlimited
     assert res.engine_profile == "none"
+
+
+def test_no_policy_is_the_same_default_from_python_and_yaml(tmp_path: Path) -> None:
+    """``sim.simulate(policy=None)`` was "policy: expected a mapping with a 'name' key" while a
+    YAML without ``policy:`` runs ``DEFAULT_POLICY``: now both run it."""
+    from policies import DEFAULT_POLICY
+
+    exp = tmp_path / "e.yaml"
+    exp.write_text("name: nopolicy\nmodel: llama-3-8b\nhardware: h100-sxm\n"
+                   f"workload: {WORKLOAD}\n".replace("'", ""))
+    summary = sim.run_experiment(exp, out=tmp_path / "out", plots=False, quiet=True)
+    assert summary["policy"].tolist() == [DEFAULT_POLICY]
+    run = tmp_path / "out" / "runs" / summary["run_id"][0]
+    requests = build_workload(WORKLOAD, np.random.default_rng(0))
+    res = sim.simulate(requests, cost=sim.build_cost_model("llama-3-8b", "h100-sxm"))
+    pd.testing.assert_frame_equal(res.requests, read_table(run / "requests"))

@@ -7,6 +7,7 @@ step, so E2E = prefill step + transfer + (n - 1) decode steps.
 from __future__ import annotations
 
 import pytest
+import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -231,7 +232,8 @@ def test_a_disaggregated_run_is_deterministic() -> None:
                  {"name": "m"}]}, r"cluster\.groups\[2\]\.role: mixed groups"),
     ({"groups": [{"name": "m"}], "network": {}}, r"cluster\.network: needs groups"),
     ({"network": {"nic_gb": 1}}, r"cluster\.network\.nic_gb: unknown key"),
-    ({"network": {"nic_gbps": 0}}, r"cluster\.network\.nic_gbps: must be > 0"),
+    ({"network": {"nic_gbps": 0}}, r"cluster\.network\.nic_gbps: must be >= 0\.001"),
+    ({"network": {"nvlink_gbps": 1e-12}}, r"cluster\.network\.nvlink_gbps: must be >= 0\.001"),
     ({"decode_router": {"name": "nope"}}, r"cluster\.decode_router"),
 ])
 def test_every_disaggregation_key_is_checked_with_its_path(change, message) -> None:
@@ -242,6 +244,33 @@ def test_every_disaggregation_key_is_checked_with_its_path(change, message) -> N
     cl.update(change)
     with pytest.raises(sim.InputError, match=message):
         run([req(0)], cl)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"decode_router": "nope"}, "cluster.decode_router.name: unknown router 'nope'"),
+    ({"network": {"nic_gbps": 0}}, "cluster.network.nic_gbps: must be >= 0.001, got 0"),
+    ({"network": {"nic_gpbs": 5}}, "cluster.network.nic_gpbs: unknown key (did you mean "
+     "'nic_gbps'?)"),
+    ({"network": {"gpus_per_node": 1}}, "cluster.network.gpus_per_node: replica 0 has tp=2"),
+])
+def test_a_bad_disaggregation_key_in_a_yaml_exits_2_before_any_run(tmp_path, capsys, change,
+                                                                   words) -> None:
+    """``decode_router`` and ``network`` are checked with the rest of the config, so a bad one
+    is exit code 2 naming the file and key, not a failed run (exit 1)."""
+    from sim.cli.main import main
+
+    block = {"groups": [{"name": "p", "role": "prefill"},
+                        {"name": "d", "role": "decode"}], **change}
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({
+        "model": "llama-3-8b", "parallelism": {"tp": 2}, "cluster": block,
+        "workload": {"arrival": {"rate": 10}, "num_requests": 3,
+                     "prompt_tokens": {"dist": "fixed", "value": 8},
+                     "output_tokens": {"dist": "fixed", "value": 4}}}))
+    assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"batchsim: error: {exp}: {words}") and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_horizon_cuts_a_disaggregated_run_short_and_says_so() -> None:

@@ -101,7 +101,26 @@ BAD_REQUESTS = [
     ({"num_prompt_tokens": "4"}, "requests[2].num_prompt_tokens: must be an integer >= 1, got '4'"),
     ({"num_prompt_tokens": True},
      "requests[2].num_prompt_tokens: must be an integer >= 1, got True"),
+    # the other int64 columns and the labels (they ran, or failed after the whole run)
+    ({"priority": "high"}, "requests[2].priority: must be an integer within int64, got 'high'"),
+    ({"priority": 2**70}, "requests[2].priority: must be an integer within int64, got "
+     f"{2**70}"),
+    ({"tenant": 5}, "requests[2].tenant: must be a string or None, got 5"),
+    ({"prefix_id": 7}, "requests[2].prefix_id: must be a string or None, got 7"),
+    ({"prefix_id": "p", "num_prefix_tokens": 2.5}, "requests[2].num_prefix_tokens: must be an "
+     "integer >= 0, got 2.5"),
+    ({"num_prefix_tokens": -1}, "requests[2].num_prefix_tokens: must be an integer >= 0, "
+     "got -1"),
 ]
+
+
+@pytest.mark.parametrize("rid", ["a", 2**70, 1.0])
+def test_request_ids_are_int64_integers(rid):
+    """A string id, or one past int64, failed building the requests table after the run."""
+    with pytest.raises(InputError) as info:
+        sim.simulate(_reqs(id=rid), policy="continuous", cost=sim.ConstantCost(0.1))
+    assert str(info.value) == (f"requests[2].id: must be an integer within int64, got "
+                               f"{rid!r} (id {rid!r})")
 
 
 @pytest.mark.parametrize("fast_path", [True, False])

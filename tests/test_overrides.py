@@ -165,3 +165,45 @@ def test_labels_reach_console_summary_and_capacity(tmp_path, capsys):
     assert main(["capacity", str(exp), "--slo", "ttft_p99_ms=2000", "--tolerance", "0.5",
                  "--out", str(tmp_path / "c"), "--quiet"]) == 0
     assert list(pd.read_csv(tmp_path / "c" / "capacity.csv")["label"]) == want
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--set", "a..b=1"], "--set a..b: empty key name (two dots in a row, or a dot at an end)"),
+    (["--set", "workload..rate=1"], "--set workload..rate: empty key name"),
+    (["--sweep", "seed.=[1, 2]"], "seed.: empty key name"),
+])
+def test_a_key_with_an_empty_name_is_refused(tmp_path, capsys, args, fragment):
+    """``a..b`` used to read as an unknown key with an empty list of accepted ones."""
+    assert main(["run", QUICKSTART, *args, "--out", str(tmp_path / "x"), *CHEAP]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err
+
+
+def test_an_unknown_key_in_the_files_sweep_names_the_file_and_the_block(tmp_path):
+    for block in ("sweep", "zip"):
+        with pytest.raises(ConfigError, match=rf"^exp\.yaml: {block}\.modle: unknown key "
+                           r"\(did you mean 'model'\?\)"):
+            expand_runs({**SMALL, block: {"modle": ["a", "b"]}}, source="exp.yaml")
+
+
+@pytest.mark.parametrize("overrides", [5, [5], ["seed=1", None], "seed=1", object()])
+def test_overrides_that_are_no_list_of_strings_are_one_input_error(tmp_path, overrides):
+    with pytest.raises(ConfigError, match=r"^overrides: expected a list of 'dotted\.key=value' "
+                       r"strings \(or a mapping of dotted key to value\), got "):
+        run_experiment(QUICKSTART, overrides=overrides, out=tmp_path / "x")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--set", "policies[0].max_num_seqs=4"], "--set policies[0].max_num_seqs: a list entry "
+     "cannot be set on its own (policies[0]); set the whole list, e.g. --set 'policies=[...]'"),
+    (["--set", "cluster.groups[1].replicas=2"], "set the whole list, e.g. --set "
+     "'cluster.groups=[...]'"),
+    (["--set", "kv.block_size.x=1"], "--set kv.block_size.x: kv.block_size is a single value, "
+     "not a block of keys; set it whole, e.g. --set 'kv.block_size=...'"),
+])
+def test_a_key_below_a_list_or_a_value_says_what_to_set_instead(tmp_path, capsys, args,
+                                                                 fragment):
+    """These read "unknown key; accepted:" with nothing accepted."""
+    assert main(["run", QUICKSTART, *args, "--out", str(tmp_path / "x"), *CHEAP]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err

@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -178,3 +179,59 @@ def test_invalid_values_rejected(name: str) -> None:
         bad = -1 if numeric else "nonsense"
         with pytest.raises(PolicyError, match=param):
             make_policy({"name": name, param: bad})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_invalid_value_is_an_error_at_its_dotted_key(name: str) -> None:
+    """Every parameter check names ``policy.<parameter>`` as its field (the YAML's path)."""
+    for param, default in policy_params(registered()[name]).items():
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        with pytest.raises(PolicyError) as err:
+            make_policy({"name": name, param: -1 if numeric else "nonsense"})
+        assert err.value.field == f"policy.{param}", str(err.value)
+
+
+def test_a_misspelt_choice_suggests_the_accepted_one() -> None:
+    with pytest.raises(PolicyError, match=r"^policy\.ordering: 'fcsf' is not one of fcfs, "
+                       r"spf, priority \(did you mean 'fcfs'\?\)$"):
+        make_policy({"name": "continuous", "ordering": "fcsf"})
+
+
+def test_a_bad_entry_of_policies_is_named_by_its_index(tmp_path, capsys) -> None:
+    """In a ``policies:`` list the message names the entry (``policies[1]``), exit code 2;
+    a swept parameter keeps the swept key."""
+    from sim.cli.main import main
+    from tests.helpers import SMALL_EXPERIMENT
+
+    cases = [({"policies": [{"name": "continuous"}, {"name": "continuous", "max_num_seqs": 0}]},
+              "policies[1].max_num_seqs: must be > 0, got 0"),
+             ({"policies": [{"name": "static"}, {"name": "static", "batch_sise": 2}]},
+              "policies[1].batch_sise: unknown parameter of 'static' (did you mean "
+              "'batch_size'?)"),
+             ({"policies": ["continuous", 5]}, "policies[1].name: must be a string"),
+             ({"policies": ["static", "continuous"],
+               "sweep": {"policy.batch_size": [4, 0]}},
+              "policy.batch_size: must be > 0, got 0")]
+    for i, (change, words) in enumerate(cases):
+        exp = tmp_path / f"exp{i}.yaml"
+        cfg = {k: v for k, v in SMALL_EXPERIMENT.items() if k != "policy"}
+        exp.write_text(yaml.safe_dump({**cfg, **change}))
+        assert main(["run", str(exp), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"batchsim: error: {exp}: {words}") and err.count("\n") == 1, err
+
+
+def test_numpy_numbers_are_numbers_for_policies_and_routers_as_for_every_key() -> None:
+    """``sim.core.fields``' rule of a number (numpy scalars count, bools do not) holds for
+    plugin parameters too: ``np.int64(4)`` from a numpy sweep was "expected a number"."""
+    import numpy as np
+
+    from routers import make_router
+
+    assert make_policy({"name": "continuous", "max_num_seqs": np.int64(4),
+                        "watermark": np.float32(0.25)}) == make_policy(
+        {"name": "continuous", "max_num_seqs": 4, "watermark": 0.25})
+    assert make_router({"name": "power_of_two", "choices": np.int32(3)}).choices == 3
+    with pytest.raises(PolicyError, match=r"^policy\.max_num_seqs: expected a number, got "
+                       r"True$"):
+        make_policy({"name": "continuous", "max_num_seqs": True})

@@ -168,6 +168,30 @@ def test_markdown_table_formatting() -> None:
     assert lines[3] == "| c | 40 | 1,235 | 12.3 |"
 
 
+def test_a_trace_export_never_replaces_a_file_it_did_not_write(out: Path, tmp_path: Path,
+                                                                capsys) -> None:
+    """``batchsim trace RUN --out FILE`` replaced any file (a user's, or the folder's own
+    summary.csv) and at a folder failed with exit 1; a trace it wrote is still rewritten."""
+    from sim.cli.main import main
+
+    run = next(p for p in (out / "runs").iterdir() if (p / "summary.json").is_file())
+    mine = tmp_path / "mine.json"
+    mine.write_text("mine")
+    for target, words in [(mine, "exists and is not a trace batchsim wrote, so it is not "
+                                 "replaced: remove it or give another file name"),
+                          (out / "summary.csv", "exists and is not a trace batchsim wrote"),
+                          (tmp_path, f"a folder; give the trace's file name (e.g. "
+                                     f"{tmp_path / 'trace.json'})")]:
+        before = target.read_bytes() if target.is_file() else None
+        assert main(["trace", str(run), "--out", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"batchsim: error: --out {target}: {words}"), err
+        assert before is None or target.read_bytes() == before
+    ours = tmp_path / "t.json"
+    assert main(["trace", str(run), "--out", str(ours)]) == 0
+    assert main(["trace", str(run), "--out", str(ours)]) == 0
+
+
 def test_chrome_trace(out: Path, tmp_path: Path) -> None:
     run = out / "runs" / str(pd.read_csv(out / "summary.csv", dtype={"run_id": str})
                              ["run_id"].iloc[0])
@@ -191,3 +215,25 @@ def test_chrome_trace(out: Path, tmp_path: Path) -> None:
     assert sum(e["name"].startswith("request ") for e in begins) == 20
     assert any(e["ph"] == "M" and e["args"].get("name") == "replica 0" for e in events)
     assert doc["otherData"]["requests_total"] == len(requests)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("- 1\n- 2\n", "expected the mapping batchsim writes, with the experiment under "
+                   "'experiment:' (the file was edited or replaced)"),
+    ("source: x\n", "expected the mapping batchsim writes"),
+    ("[1, 2", "while parsing a flow sequence"),
+])
+def test_plot_of_a_folder_with_a_damaged_experiment_yaml_says_so(out: Path, tmp_path: Path,
+                                                                 capsys, text, words) -> None:
+    """A list there read "list indices must be integers or slices, not str"."""
+    import shutil
+
+    from sim.cli.main import main
+
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "experiment.yaml").write_text(text)
+    assert main(["plot", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"batchsim: error: {copy / 'experiment.yaml'}: cannot rebuild the "
+                          f"experiment: {words}"), err

@@ -63,7 +63,7 @@ def test_the_built_in_policies_are_presets_of_the_specification(preset, fields):
 def test_every_field_is_validated_from_its_domain(name):
     d = domains()[name]
     bad = {"choice": "nonsense", "int": 0, "float": -1.0, "targets": {0: -1.0}}[d.kind]
-    with pytest.raises(PolicyError, match=f"policy 'scheduler': {name}: "):
+    with pytest.raises(PolicyError, match=f"policy.{name}: "):
         make_policy({"name": "scheduler", name: bad})
 
 

@@ -194,3 +194,26 @@ def test_a_batch_run_with_only_a_rejected_arrival_meanwhile():
                           None, max_model_len=60)
     assert res.requests["finish_s"].tolist() == [6.0, 3.0, 4.0]
     assert res.steps["num_waiting"].tolist() == [0] * 6
+
+
+@pytest.mark.parametrize("policy", [{"name": "dynamic", "max_batch_size": 8, "max_wait_s": 0.05},
+                                    {"name": "static", "batch_size": 4, "timeout_s": 0.1}])
+def test_a_router_reading_kv_sees_a_skipped_batch_run_as_stepping_does(policy):
+    """The KV a replica holds while a skipped batch run is in flight (what ``least_kv_usage``
+    and a disaggregated cluster's load board read) was unpacked as a decode stretch's: a
+    ValueError ended every routed or disaggregated run of static or dynamic batching."""
+    from sim.workload.build import build_workload
+
+    reqs = build_workload({"arrival": {"rate": 30.0}, "num_requests": 200,
+                           "lengths": {"dist": "empirical", "trace": "azure-conv"}},
+                          np.random.default_rng(1))
+    disagg = {"groups": [{"name": "p", "role": "prefill", "replicas": 2},
+                         {"name": "d", "role": "decode", "replicas": 2}],
+              "decode_router": "least_kv_usage"}
+    keys = {"model": "llama-3-8b", "hardware": "h100-sxm", "tp": 1, "engine": "vllm"}
+    for setup in ({"num_replicas": 3, "router": "least_kv_usage"},
+                  {"cluster": disagg, "cost_keys": keys}):
+        runs = [sim.simulate(reqs, policy=policy, cost=ROOFLINE, kv={"num_blocks": 3000},
+                             event_skipping=skip, **setup) for skip in (True, False)]
+        pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests)
+        pd.testing.assert_frame_equal(runs[0].steps, runs[1].steps)

@@ -25,7 +25,7 @@ COST = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engin
 #: Metrics that are sums of floats: equal to the full table's up to summation order.
 FLOAT_SUMS = {"busy_fraction", "mfu", "mbu", "slot_utilization", "mean_kv_usage",
               "mean_itl_ms", "swapped_bytes", "preemption_time_lost_s",
-              "mean_kv_live_fraction", "kv_internal_fragmentation"}
+              "mean_kv_live_fraction", "kv_internal_fragmentation", "imbalance_cv"}
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +62,8 @@ CASES = [
              "kv_bytes_per_token": 131072}}),
     ({"name": "continuous"}, "compiled", {"cooldown_s": 6.0, "num_replicas": 3}),
     ({"name": "continuous"}, "compiled", {"horizon_s": 15.0}),
+    # a routed run: its routing metrics read busy seconds (a KeyError on buckets before)
+    ({"name": "continuous"}, False, {"num_replicas": 2, "router": "least_outstanding_tokens"}),
 ]
 
 
@@ -77,6 +79,8 @@ def test_bucketed_runs_have_the_summary_and_requests_of_full_runs(policy, fast_p
     assert len(full.steps) > 200  # many folds of 97 (or 64) rows
     pd.testing.assert_frame_equal(full.requests, bucketed.requests)
     assert_same_summary(full.summary, bucketed.summary)
+    if full.replicas is not None:  # a routed run's table per replica: busy seconds summed
+        pd.testing.assert_frame_equal(full.replicas, bucketed.replicas, rtol=1e-12)
     # the buckets hold every step: their sums and maxima are the full table's
     b, s = bucketed.steps, full.steps
     assert is_bucketed(b) and not is_bucketed(s)

@@ -225,3 +225,20 @@ def test_progress_bar_on_a_terminal_and_log_lines_otherwise():
     assert "hidden" not in buf.getvalue()
     assert format_seconds(42) == "42s" and format_seconds(185) == "3m05s"
     assert format_seconds(3720) == "1h02m"
+
+
+def test_load_key_must_name_a_swept_key(tmp_path):
+    """``output.load_key`` that names no swept key (a typo) was ignored by the plots without a
+    word; a key the file sweeps stays acceptable after an override made it a single value."""
+    from sim.experiments.config import ConfigError, expand_runs
+    from tests.helpers import SMALL_EXPERIMENT
+
+    raw = {**SMALL_EXPERIMENT, "sweep": {"workload.arrival.rate": [10, 20]},
+           "output": {"load_key": "workload.arrival.rat"}}
+    with pytest.raises(ConfigError, match=r"^exp\.yaml: output\.load_key: "
+                       r"'workload\.arrival\.rat' is not a swept key; swept: "
+                       r"workload\.arrival\.rate$"):
+        expand_runs(raw, source="exp.yaml")
+    raw["output"]["load_key"] = "workload.arrival.rate"
+    assert len(expand_runs(raw, source="exp.yaml")[1]) == 2
+    assert len(expand_runs(raw, ["workload.arrival.rate=5"], source="exp.yaml")[1]) == 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -441,3 +442,21 @@ def test_a_number_in_a_timestamp_column_is_not_a_timestamp_whatever_the_chunk(tm
                  f"2023-11-16 18:15:46.6800000,5,5\n{stamp},5,5\n")
     kind, message = _outcome(p, rows)
     assert kind == "error" and "row 2: column TIMESTAMP: not a timestamp" in message
+
+
+def test_a_folder_a_device_or_a_misspelt_builtin_is_named_as_such(tmp_path):
+    """A folder given as the trace read "no such trace file"; a misspelt built-in name now
+    suggests the built-in, and the CLI prints the same line with exit code 2."""
+    from sim.cli.main import main
+
+    (tmp_path / "traces").mkdir()
+    cases = [(str(tmp_path / "traces"), "a folder, not a trace file (give the CSV or JSONL "
+              "file in it)"),
+             ("/dev/null", "not a regular file (a FIFO or device); expected a trace file"),
+             ("azure-convo", "no such trace file (built-in names: azure-code, azure-conv, "
+              "sample); did you mean the built-in 'azure-conv'?")]
+    for name, words in cases:
+        where = str(tmp_path / name)
+        with pytest.raises(TraceError, match=rf"^{re.escape(where)}: {re.escape(words)}$"):
+            traces.resolve_trace(name, tmp_path)
+        assert main(["trace-stats", name]) == 2

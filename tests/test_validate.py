@@ -117,3 +117,39 @@ def test_calibrate_engine_from_writes_a_profile_and_never_overwrites(tmp_path):
     before = out.read_text()
     assert batchsim(["calibrate", "--engine-from", *files, "--out", str(out)]) == 2
     assert out.read_text() == before
+
+
+def _vllm_file(tmp_path: Path, change) -> Path:  # noqa: ANN001
+    data = vllm_result_json(np.array([10, 20, 30]), np.array([3, 2, 4]),
+                            np.array([0.1, 0.2, 0.05]), [[0.01, 0.03], [0.02], [0.01] * 3],
+                            2.0, 1.5)
+    change(data)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d["input_lens"].__setitem__(1, "a"), "input_lens[1]: must be a whole number "
+     ">= 0, got 'a'"),
+    (lambda d: d["output_lens"].__setitem__(0, 2.5), "output_lens[0]: must be a whole number"),
+    (lambda d: d["ttfts"].__setitem__(2, float("nan")), "ttfts[2]: must be a finite number "
+     ">= 0, got nan"),
+    (lambda d: d["itls"][0].__setitem__(1, -1), "itls[0][1]: must be a finite number >= 0"),
+    (lambda d: d["itls"].__setitem__(1, 5), "itls[1]: must be a list of gaps, got 5"),
+    (lambda d: d.__setitem__("request_rate", 0), "request_rate: must be a number > 0 or "
+     "\"inf\", got 0"),
+])
+def test_a_bad_value_in_a_result_file_is_one_error_naming_file_and_entry(tmp_path, capsys,
+                                                                          change, message):
+    """A string was a numpy ValueError, a zero rate a ZeroDivisionError (exit 1, traceback),
+    a NaN TTFT replayed silently."""
+    path = _vllm_file(tmp_path, change)
+    assert batchsim(["validate", str(path), "--model", MODEL, "--hardware", GPU]) == 2
+    assert capsys.readouterr().err.startswith(f"batchsim: error: {path}: {message}")
+
+
+def test_a_negative_seed_is_an_input_error_before_arrivals_are_drawn(tmp_path, capsys):
+    path = _vllm_file(tmp_path, lambda d: None)
+    assert batchsim(["validate", str(path), "--seed", "-1"]) == 2
+    assert capsys.readouterr().err == "batchsim: error: --seed: must be >= 0, got -1\n"

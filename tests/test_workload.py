@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.core.errors import InputError
 from sim.workload import synthetic
 from sim.workload.build import WorkloadError, build_workload
 from sim.workload.trace_stats import format_trace_stats, trace_stats
@@ -204,3 +205,32 @@ def test_trace_stats_and_format():
     assert "19,366" in text and "507" in text
     empty = trace_stats([])
     assert empty["count"] == 0
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"mix": [{"trace": "azure-conv", "rate": 1.0, "tenent": "a"}]},
+     r"^workload\.mix\[0\]\.tenent: unknown key \(did you mean 'tenant'\?\); accepted: "),
+    ({"conversations": {"num_conversations": 2, "turn": 2}},
+     r"^workload\.conversations\.turn: unknown key \(did you mean 'turns'\?\); accepted: "),
+    ({"arrival": {"rate": 4.0}, "num_request": 5,
+      "prompt_tokens": {"dist": "fixed", "value": 5}, "output_tokens": {"dist": "fixed",
+                                                                        "value": 5}},
+     r"^workload\.num_request: unknown key \(did you mean 'num_requests'\?\)"),
+])
+def test_a_misspelt_workload_key_suggests_the_right_one(spec, message):
+    """The workload's unknown-key message is the schema's (``sim.core.fields.unknown_key``):
+    it listed the keys but suggested none."""
+    with pytest.raises(InputError, match=message):
+        build_workload(spec, np.random.default_rng(0))
+
+
+def test_numpy_numbers_are_numbers_in_a_workload_spec():
+    """As for every other key: a rate computed with numpy (``np.float64``) was refused."""
+    spec = {"arrival": {"rate": np.float64(4.0)}, "num_requests": np.int64(5),
+            "prompt_tokens": {"dist": "fixed", "value": np.int32(5)},
+            "output_tokens": {"dist": "fixed", "value": 5}}
+    plain = {"arrival": {"rate": 4.0}, "num_requests": 5,
+             "prompt_tokens": {"dist": "fixed", "value": 5},
+             "output_tokens": {"dist": "fixed", "value": 5}}
+    assert build_workload(spec, np.random.default_rng(0)) == build_workload(
+        plain, np.random.default_rng(0))

@@ -50,6 +50,11 @@ HOLDOUT_NOTE = (
 
 def main(args: Any) -> int:
     """Run ``batchsim calibrate`` for parsed ``args`` (``gpu``, ``data``, ``write``, ``report``)."""
+    report = getattr(args, "report", None)
+    if report is not None and Path(report).exists() and not Path(report).is_dir():
+        # checked before the fit: it was "File exists", exit 1, once the fit was done
+        raise CalibrationError(f"--report {report}: exists and is not a folder (the report is "
+                               "a folder of report.md and plots)")
     if getattr(args, "engine_from", None):
         return _engine_main(args)
     data = Path(args.data) if getattr(args, "data", None) else None

@@ -96,12 +96,19 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     capacity of a model on a GPU."""
     from sim.cost import profiles as hardware
 
+    sizing = {k: v for k, v in (("--tp", args.tp), ("--block-size", args.block_size),
+                                ("--gpu-memory-utilization", args.gpu_memory_utilization))
+              if v is not None}
     if args.model and args.hardware:
-        from sim.kv.capacity import describe_capacity
+        from sim.kv.capacity import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, describe_capacity
 
-        print(describe_capacity(args.model, args.hardware, args.tp, args.block_size,
-                                args.gpu_memory_utilization))
+        print(describe_capacity(args.model, args.hardware, sizing.get("--tp", 1),
+                                sizing.get("--block-size", BLOCK_SIZE),
+                                sizing.get("--gpu-memory-utilization", GPU_MEMORY_UTILIZATION)))
         return 0
+    if sizing:  # a KV capacity setting with nothing to size: it would be silently ignored
+        raise InputError("sizes the KV capacity of a deployment: give --model and --hardware "
+                         "too", field=next(iter(sizing)))
     if args.hardware or args.model:
         from sim.cli.inspect import describe_gpu, describe_model
 
@@ -167,6 +174,8 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Report a bad argument in one line (``--help`` still shows the usage)."""
+        if "unrecognized arguments: --resume" in message:  # there is nothing to ask for
+            message += "; re-running the same command resumes (finished runs are skipped)"
         print(f"batchsim: error: {message} (see '{self.prog} --help')", file=sys.stderr)
         raise SystemExit(2)
 
@@ -174,6 +183,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from sim.core.version import __version__
+    from sim.experiments.executors import EXECUTORS
 
     p = _Parser(prog="batchsim", description="Simulate LLM serving batching "
                 "policies on a calibrated roofline cost model.")
@@ -191,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sweep a dotted key over values, e.g. workload.rate=[2,4] "
                    "(repeatable; same as --set 'sweep.KEY=[...]')")
     r.add_argument("--jobs", type=int, default=1, help="parallel runs on this machine")
-    r.add_argument("--executor", choices=("local", "dask"), default="local")
+    r.add_argument("--executor", choices=EXECUTORS, default="local")
     r.add_argument("--address", help="Dask scheduler address (default: a local cluster)")
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     r.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -252,9 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "GPU's specs; --model X: the architecture; both: KV capacity")
     pr.add_argument("--model", help="built-in model name, model YAML or HF config.json")
     pr.add_argument("--hardware", help="built-in GPU name or GPU profile YAML")
-    pr.add_argument("--tp", type=int, default=1)
-    pr.add_argument("--block-size", type=int, default=16)
-    pr.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    pr.add_argument("--tp", type=int, default=None, help="with --model and --hardware: "
+                    "tensor-parallel degree (default 1)")
+    pr.add_argument("--block-size", type=int, default=None, help="with --model and --hardware: "
+                    "tokens per KV block (default: the kv block's)")
+    pr.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="with --model and --hardware: share of HBM the engine may use "
+                    "(default: the kv block's)")
     pr.set_defaults(func=cmd_profiles)
 
     t = sub.add_parser("trace-stats", help="statistics of a trace file or built-in trace")

@@ -38,6 +38,14 @@ from sim.metrics.steplog import merged_table
 from sim.metrics.summary import StepLog, canonical_irregular, request_table, summarize
 
 
+def check_step_table(step_table: str) -> None:
+    """A cluster keeps its whole step table: ``step_table="buckets"`` is refused (the experiment
+    runner checks it before any run, as it checks every other key)."""
+    if step_table == "buckets":
+        raise InputError("a cluster keeps one row per step; bucketed step tables are not "
+                         "supported for clusters yet", field="metrics.step_table")
+
+
 def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Group],
                     router: Router, seed: int, *, warmup_s: float = 0.0,
                     cooldown_s: float = 0.0, slos: dict[str, float] | None = None,
@@ -53,9 +61,7 @@ def simulate_groups(requests: Sequence[Request] | TraceArrays, groups: list[Grou
     Groups with prefill and decode roles run disaggregated (``sim.cluster.disagg``);
     ``disagg`` then holds ``decode_router`` (a ``Router``), ``network`` (the block) and
     ``decode_rng``."""
-    if step_table == "buckets":
-        raise InputError("a cluster keeps one row per step; bucketed step tables are not "
-                         "supported for clusters yet", field="metrics.step_table")
+    check_step_table(step_table)
     check_run_limits(horizon_s, wall_clock_s)
     request_columns(requests)  # every request checked before anything runs
     reqs = requests.to_requests() if isinstance(requests, TraceArrays) else list(requests)

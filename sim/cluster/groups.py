@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import InputError
-from sim.core.fields import INT, MAP, NUM, OPT, STR, Key, validate_fields
+from sim.core.fields import INT, MAP, NUM, OPT, STR, Key, unknown_key, validate_fields
 from sim.cost.base import CostModel
 
 #: A group's role: colocated, or one side of disaggregated serving.
@@ -87,12 +87,12 @@ def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
     from Python a group may instead carry a ready ``cost`` model, and a group that names no
     model or hardware uses the ``cost`` argument of ``simulate``.
     """
-    accepted = {"groups", *CLUSTER_FIELDS}
-    if not isinstance(cluster, Mapping) or set(cluster) - accepted:
-        extra = sorted(set(cluster) - accepted) if isinstance(cluster, Mapping) else None
-        raise InputError(f"unknown key {extra[0]!r}; accepted: {', '.join(sorted(accepted))}"
-                         if extra else "expected a mapping with a 'groups' list",
-                         field="cluster")
+    accepted = sorted({"groups", *CLUSTER_FIELDS})
+    if not isinstance(cluster, Mapping):
+        raise InputError("expected a mapping with a 'groups' list", field="cluster")
+    extra = sorted(str(k) for k in set(cluster) - set(accepted))
+    if extra:
+        raise unknown_key(extra[0], accepted, f"cluster.{extra[0]}")
     groups = cluster.get("groups")
     if not isinstance(groups, list) or not groups or len(groups) > MAX_GROUPS:
         raise InputError(f"expected a list of 1 to {MAX_GROUPS} groups", field="cluster.groups")
@@ -111,12 +111,37 @@ def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
         except InputError as e:
             raise InputError(e.problem, field=f"{where}.{e.field or 'hardware'}") from None
         tp = g["tp"] if g["tp"] is not None else int(getattr(group_cost, "tp", 1))
-        out.append(Group(g["name"], g["replicas"], group_cost,
-                         g["policy"] if g["policy"] is not None else policy,
-                         g["kv"] if g["kv"] is not None else kv, g["weight"], hardware,
-                         g["role"], tp))
+        group = Group(g["name"], g["replicas"], group_cost,
+                      g["policy"] if g["policy"] is not None else policy,
+                      g["kv"] if g["kv"] is not None else kv, g["weight"], hardware,
+                      g["role"], tp)
+        _check_group(group, where, own_policy=g["policy"] is not None,
+                     own_kv=g["kv"] is not None)
+        out.append(group)
     check_roles(cluster, out)
     return out
+
+
+def _check_group(group: Group, where: str, *, own_policy: bool, own_kv: bool) -> None:
+    """Build the group's policy and KV cache once, as its replicas will, so that a bad one is
+    an error naming the group (``cluster.groups[1].kv.block_size``) before anything runs. A
+    setting the group takes from the experiment keeps its own path, except a KV cache that
+    only this group's GPU cannot hold."""
+    from policies import make_policy
+    from sim.kv.config import resolve_kv
+
+    try:
+        make_policy(group.policy)
+    except InputError as e:
+        if not own_policy:
+            raise
+        raise InputError(e.problem, field=f"{where}.{e.field or 'policy'}") from None
+    try:
+        resolve_kv(group.kv, group.cost)
+    except InputError as e:
+        if not own_kv and e.field not in (None, "kv"):
+            raise
+        raise InputError(e.problem, field=f"{where}.{e.field or 'kv'}") from None
 
 
 def check_roles(cluster: Mapping[str, Any], groups: list[Group]) -> None:
@@ -140,6 +165,25 @@ def check_roles(cluster: Mapping[str, Any], groups: list[Group]) -> None:
         k = next(i for i, g in enumerate(groups) if g.role == "mixed")
         raise InputError("mixed groups cannot be combined with prefill/decode ones",
                          field=f"cluster.groups[{k}].role")
+    decode_router(cluster)
+    from sim.cluster.kv_links import build_topology
+
+    # the placement rule itself (a replica within one node), prefill groups' replicas first
+    build_topology(cluster.get("network"), [g.tp for role in ("prefill", "decode")
+                                            for g in groups if g.role == role
+                                            for _ in range(g.replicas)], None)
+
+
+def decode_router(cluster: Mapping[str, Any]) -> Any:
+    """The ``decode_router`` of a disaggregated ``cluster`` block (round robin by default);
+    a bad one is an error at ``cluster.decode_router``."""
+    from routers import make_router
+
+    spec = cluster.get("decode_router")
+    try:
+        return make_router(spec if spec is not None else "round_robin")
+    except InputError as e:  # name the key it came from
+        raise InputError(e.problem, field=f"cluster.decode_{e.field or 'router'}") from None
 
 
 def is_disaggregated(groups: Sequence[Group]) -> bool:

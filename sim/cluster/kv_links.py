@@ -24,16 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.cluster.network import LinkSpec
-from sim.core.fields import INT, NUM, OPT, Key, validate_fields
+from sim.core.fields import INT, MIN_GBPS, NUM, OPT, Key, validate_fields
 
 NETWORK_FIELDS: dict[str, Any] = {
     "gpus_per_node": Key(INT, 8, "GPUs per node (an NVSwitch domain).", minimum=1,
                          maximum=1024),
     "nvlink_gbps": Key(NUM + (OPT,), None, "NVLink bandwidth per GPU and direction, GB/s "
                        "(default: half the GPU profile's bidirectional NVLink figure).",
-                       minimum=0, exclusive_min=True, maximum=1e5),
+                       minimum=MIN_GBPS, maximum=1e5),
     "nic_gbps": Key(NUM, 50.0, "NIC bandwidth per GPU and direction, GB/s (50 = 400 Gb/s "
-                    "InfiniBand NDR).", minimum=0, exclusive_min=True, maximum=1e5),
+                    "InfiniBand NDR).", minimum=MIN_GBPS, maximum=1e5),
     "nvlink_latency_us": Key(NUM, 2.0, "Latency of an NVLink hop, microseconds.", minimum=0,
                              maximum=1e6),
     "nic_latency_us": Key(NUM, 5.0, "Latency of a NIC hop (RDMA), microseconds.", minimum=0,

@@ -15,6 +15,14 @@ import numpy as np
 import pandas as pd
 
 from sim.cluster.routed import RoutingLog
+from sim.metrics.stream import is_bucketed
+
+
+def _busy_column(steps: pd.DataFrame) -> str:
+    """The busy seconds of a step table's rows: each step's duration, or a bucket's sum of
+    them (``metrics.step_table: buckets``, where it read a ``duration_s`` column that bucketed
+    tables do not have)."""
+    return "duration_s_sum" if is_bucketed(steps) else "duration_s"
 
 
 def imbalance(log: RoutingLog, steps: pd.DataFrame, num_replicas: int) -> dict[str, float]:
@@ -25,7 +33,7 @@ def imbalance(log: RoutingLog, steps: pd.DataFrame, num_replicas: int) -> dict[s
     ratio = (out[busy_rows].max(axis=1) / mean[busy_rows]).mean() if busy_rows.any() else 1.0
     busy = np.zeros(num_replicas)
     if len(steps):
-        np.add.at(busy, steps["replica"].to_numpy(), steps["duration_s"].to_numpy())
+        np.add.at(busy, steps["replica"].to_numpy(), steps[_busy_column(steps)].to_numpy())
     cv = float(busy.std() / busy.mean()) if busy.mean() > 0 else 0.0
     return {"imbalance_max_mean": float(ratio), "imbalance_cv": cv}
 
@@ -36,7 +44,8 @@ def per_replica(requests: pd.DataFrame, steps: pd.DataFrame, num_replicas: int) 
     for k in range(num_replicas):
         mine = requests[requests["replica"] == k]
         done = mine[mine["status"] == "finished"]
-        busy = float(steps.loc[steps["replica"] == k, "duration_s"].sum()) if len(steps) else 0.0
+        busy = (float(steps.loc[steps["replica"] == k, _busy_column(steps)].sum())
+                if len(steps) else 0.0)
         row: dict[str, Any] = {"replica": k, "num_requests": len(mine),
                                "completed": len(done), "busy_s": busy}
         for name, col in (("ttft", "ttft_s"), ("e2el", "e2e_s")):

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from policies import DEFAULT_POLICY
 from routers import Router, make_router
 from routers.balance import RoundRobin
 from sim.cluster.deployment import simulate_groups
-from sim.cluster.groups import is_disaggregated, parse_groups
+from sim.cluster.groups import decode_router, is_disaggregated, parse_groups
 from sim.cluster.metrics import imbalance, per_replica
 from sim.cluster.routed import RoutingLog, run_routed
 from sim.core.arrays import TraceArrays
-from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.engine.replica import Replica
 from sim.engine.simulate import SimResult
@@ -69,10 +69,13 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost
 
     ``router`` is a router spec such as ``{"name": "least_outstanding_tokens"}`` (see
     ``routers``). ``cluster`` (``{"groups": [...]}``, the YAML ``cluster:`` block) makes a
-    heterogeneous deployment (``sim.cluster.groups``): ``policy``, ``cost`` and ``kv`` are
+    heterogeneous deployment (``sim.cluster.groups``): ``policy`` (``None``: ``DEFAULT_POLICY``,
+    as a YAML without ``policy:``), ``cost`` and ``kv`` are
     then the defaults of groups that leave them out, and ``num_replicas`` is not used.
     Every other argument is the engine's.
     """
+    if policy is None:  # what a YAML without ``policy:`` runs
+        policy = DEFAULT_POLICY
     if cluster is not None:
         return _simulate_cluster(requests, policy, cost, kv, seed, router, cluster,
                                  options.pop("cost_keys", None), options)
@@ -106,17 +109,11 @@ def _simulate_cluster(requests: Sequence[Request] | TraceArrays, policy: Any, co
     # groups of mixed replicas take the general engine; disaggregated pools the compiled
     # interpreter where it covers them (``sim.cluster.disagg_run.engine_blocker``)
     fast_path = options.pop("fast_path", True)
-    groups = parse_groups(cluster, policy=policy if policy is not None else "continuous",
-                          kv=kv, cost=cost, cost_keys=cost_keys)
+    groups = parse_groups(cluster, policy=policy, kv=kv, cost=cost, cost_keys=cost_keys)
     chosen = make_router(router if router is not None else "round_robin")
     disagg = None
     if is_disaggregated(groups):
-        spec = cluster.get("decode_router")
-        try:
-            second = make_router(spec if spec is not None else "round_robin")
-        except InputError as e:  # name the key it came from
-            raise InputError(e.problem, field=f"cluster.decode_{e.field or 'router'}") from None
-        disagg = {"decode_router": second, "network": cluster.get("network"),
+        disagg = {"decode_router": decode_router(cluster), "network": cluster.get("network"),
                   "decode_rng": router_rng(seed, DECODE_ROUTER_STREAM), "fast_path": fast_path}
     return simulate_groups(requests, groups, chosen, seed, rng=router_rng(seed), disagg=disagg,
                            **options)

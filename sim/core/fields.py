@@ -47,6 +47,9 @@ OPT = type(None)
 #: too). The compiled kernel holds counts in int64 and adds and multiplies them (blocks ×
 #: block size, tokens + tokens), so an integer near 2**63 would overflow there.
 MAX_INT = 2**53
+#: Slowest bandwidth any link key accepts, GB/s (1 MB/s): below it moving one request's KV
+#: could take longer than the 1e9 s of simulated time within which float times stay precise.
+MIN_GBPS = 1e-3
 
 
 def is_int_type(t: type) -> bool:
@@ -69,6 +72,15 @@ def is_real(value: Any) -> bool:
     return is_real_type(type(value))
 
 
+#: Types named in a config's words where Python's differ.
+_TYPE_WORDS = {dict: "mapping", type(None): "null"}
+
+
+def yaml_kind(value: Any) -> str:
+    """What a value is, in a config's words (``null`` for ``None``, else its type's name)."""
+    return "null" if value is None else type(value).__name__
+
+
 def _type_ok(value: Any, key: Key) -> bool:
     """``value`` has one of ``key``'s types (numpy scalars count as int/float, bools only as
     bool: YAML's ``true`` is no number)."""
@@ -84,8 +96,9 @@ def _type_ok(value: Any, key: Key) -> bool:
 def check_value(value: Any, key: Key, path: str) -> Any:
     """Validate one leaf value; return it normalised (numpy scalars as Python numbers)."""
     if not _type_ok(value, key):
-        want = " or ".join(sorted({t.__name__.replace("NoneType", "null") for t in key.types}))
-        raise InputError(f"expected {want}, got {type(value).__name__} {value!r}", field=path)
+        want = " or ".join(sorted({_TYPE_WORDS.get(t, t.__name__) for t in key.types}))
+        got = "null" if value is None else f"{type(value).__name__} {value!r}"
+        raise InputError(f"expected {want}, got {got}", field=path)
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
         value = int(value)
     elif isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
@@ -93,8 +106,7 @@ def check_value(value: Any, key: Key, path: str) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise InputError(f"must be finite, got {value!r}", field=path)
     if key.choices and value not in key.choices:
-        raise InputError(f"{value!r} is not one of {', '.join(map(str, key.choices))}",
-                         field=path)
+        raise InputError(not_one_of(value, key.choices), field=path)
     if key.minimum is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
         bad = value <= key.minimum if key.exclusive_min else value < key.minimum
         if bad:
@@ -107,11 +119,28 @@ def check_value(value: Any, key: Key, path: str) -> Any:
     return value
 
 
+def check_flags(**flags: Any) -> None:
+    """Each keyword argument is a bool: an API flag given as ``"no"`` (true, being non-empty)
+    or ``1`` is an ``InputError`` naming it, not a silent yes."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise InputError(f"expected true or false, got {flag!r}", field=name)
+
+
 def check_int_range(value: int, path: str) -> None:
     """Refuse an integer of magnitude above ``MAX_INT`` (see there), naming ``path``."""
     if abs(value) > MAX_INT:
         raise InputError(f"must be at most 2**53 = {MAX_INT:,} in magnitude, got {value:.3g}",
                          field=path)
+
+
+def not_one_of(value: Any, choices: Any) -> str:
+    """The problem of a value outside ``choices``: every accepted one, and the closest to a
+    misspelt name (``'fifoo' is not one of fcfs, spf, priority (did you mean 'fcfs'?)``)."""
+    names = [str(c) for c in choices]
+    hint = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []
+    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return f"{value!r} is not one of {', '.join(names)}{extra}"
 
 
 def unknown_key(key: str, known: Any, path: str) -> InputError:
@@ -126,7 +155,7 @@ def validate_fields(data: Any, fields: dict[str, Any], prefix: str = "") -> dict
     with every default filled in. ``prefix`` is the dotted path of ``data`` (``"kv."``)."""
     if not isinstance(data, dict):
         where = prefix.rstrip(".") or None
-        raise InputError(f"expected a mapping, got {type(data).__name__}", field=where)
+        raise InputError(f"expected a mapping, got {yaml_kind(data)}", field=where)
     out: dict[str, Any] = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
@@ -135,7 +164,7 @@ def validate_fields(data: Any, fields: dict[str, Any], prefix: str = "") -> dict
         node = fields[key]
         if isinstance(node, dict):
             if not isinstance(value, dict):
-                raise InputError(f"expected a mapping, got {type(value).__name__}", field=path)
+                raise InputError(f"expected a mapping, got {yaml_kind(value)}", field=path)
             out[key] = validate_fields(value, node, path + ".")
         else:
             out[key] = check_value(value, node, path)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from sim.core.errors import InputError
-from sim.core.fields import check_int_range
+from sim.core.fields import check_int_range, is_integer, is_real
 
 T = TypeVar("T")
 
@@ -98,8 +98,9 @@ def typed(error: type[InputError], field: str, value: Any, default: Any) -> Any:
         if not isinstance(value, bool):
             raise error(f"expected true/false, got {value!r}", field=field)
     elif isinstance(default, (int, float)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_real(value):  # ``sim.core.fields``' one rule: numpy numbers count, bools not
             raise error(f"expected a number, got {value!r}", field=field)
+        value = int(value) if is_integer(value) else float(value)
         if isinstance(value, float) and not math.isfinite(value):
             raise error(f"must be finite, got {value!r}", field=field)
         if isinstance(default, int):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.core.errors import InputError
+from sim.core.fields import not_one_of
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Domain:
             return "" if self.optional or self.kind == "targets" else "must not be null"
         if self.kind == "choice":
             ok = isinstance(value, str) and value in self.choices
-            return "" if ok else f"unknown {value!r}; accepted: {self.choices}"
+            return "" if ok else not_one_of(value, self.choices)
         if self.kind == "targets":
             if not isinstance(value, Mapping):
                 return f"must be a mapping of priority to seconds, got {value!r}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -182,8 +182,8 @@ class BatchShape:
     def of(new_tokens: list[int] | np.ndarray, context_lens: list[int] | np.ndarray,
            num_padding_tokens: int = 0) -> BatchShape:
         """Build a shape from sequences, validating that both lists align and are positive."""
-        nt = np.asarray(new_tokens, dtype=np.int64)
-        cl = np.asarray(context_lens, dtype=np.int64)
+        nt = _token_counts(new_tokens, "new_tokens")
+        cl = _token_counts(context_lens, "context_lens")
         if nt.shape != cl.shape or nt.ndim != 1:
             raise InputError("new_tokens and context_lens must be 1-D lists of equal length")
         if nt.size and (nt.min() < 1 or (cl < nt).any()):
@@ -194,6 +194,22 @@ class BatchShape:
     def num_tokens(self) -> int:
         """Tokens computed in the step, padding included."""
         return int(self.new_tokens.sum())
+
+
+def _token_counts(values: Any, name: str) -> np.ndarray:
+    """``values`` as int64 token counts; anything but whole numbers (a string, NaN, 2.5, which
+    int64 would truncate to 2) is an ``InputError`` naming ``name``."""
+    try:
+        arr = np.asarray(values)
+        whole = arr.dtype.kind in "iu" or arr.size == 0 or (
+            arr.dtype.kind == "f" and bool(np.isfinite(arr).all())
+            and bool((arr == np.round(arr)).all()) and bool((np.abs(arr) < 2**53).all()))
+    except (TypeError, ValueError):  # ragged nesting, objects numpy cannot hold
+        whole = False
+    if not whole:
+        raise InputError(f"expected a 1-D list of whole token counts, got {values!r}"[:200],
+                         field=name)
+    return arr.astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from sim.core.errors import InputError
+from sim.core.fields import is_real
 from sim.core.types import BatchShape, StepCost
 
 #: Shortest step an analytic model may take: below it float time (ulp ~1e-7 s at t ~ 1e9 s,
@@ -166,6 +167,14 @@ class ShapeCost:
                           np.full(num_steps, c.bytes), (c.bound,) * num_steps)
 
 
+def _seconds(value: object, name: str) -> float:
+    """A cost parameter as float seconds; anything but a real number (``sim.core.fields``'
+    rule: a string such as ``"0.01"``, a bool) is an ``InputError`` at ``cost.<name>``."""
+    if not is_real(value):
+        raise InputError(f"expected a number of seconds, got {value!r}", field=f"cost.{name}")
+    return float(value)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class ConstantCost(ShapeCost):
     """Every step takes ``step_s`` whatever the batch: for exact-timing and queueing tests."""
@@ -173,7 +182,8 @@ class ConstantCost(ShapeCost):
     step_s: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "step_s", float(self.step_s))  # an int literal stays exact
+        # an int literal stays exact; a string or a bool is no number of seconds
+        object.__setattr__(self, "step_s", _seconds(self.step_s, "step_s"))
         if not MIN_STEP_S <= self.step_s <= MAX_STEP_S:
             raise InputError(f"must be in [{MIN_STEP_S:g}, {MAX_STEP_S:g}] s, got "
                              f"{self.step_s:g}", field="cost.step_s")
@@ -213,7 +223,7 @@ class LinearCost(ShapeCost):
 
     def __post_init__(self) -> None:
         for name in ("base_s", "per_token_s", "per_seq_s"):
-            value = float(getattr(self, name))
+            value = _seconds(getattr(self, name), name)
             object.__setattr__(self, name, value)
             if not 0 <= value <= MAX_STEP_S:
                 raise InputError(f"must be in [0, {MAX_STEP_S:g}] s, got {value:g}",

@@ -7,6 +7,7 @@ Unknown names raise :class:`ProfileError` listing the known ones.
 """
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Mapping
 from importlib import resources
 from pathlib import Path
@@ -61,6 +62,9 @@ def profile_file(name_or_path: str | Path) -> Path | None:
 
 def read_raw(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
     """Load the raw mapping of a profile by built-in name or file path; return it and its origin."""
+    if not isinstance(name_or_path, (str, Path)):
+        raise ProfileError(f"expected a built-in {kind[:-1]} name or a profile file path, got "
+                           f"{name_or_path!r}"[:200], field=_ARGUMENT[kind])
     text = str(name_or_path)
     path = Path(text).expanduser()
     if isinstance(name_or_path, Path) or names_a_file(text):
@@ -79,8 +83,12 @@ def read_raw(kind: str, name_or_path: str | Path) -> tuple[dict[str, Any], str]:
             data = yaml.safe_load(entry.read_text(encoding="utf-8"))
             if str(data.get("hf_id", "")).lower() == text.lower():
                 return data, f"{kind}/{entry.name}"
-    raise ProfileError(f"unknown {kind[:-1]} {text!r}; known: {', '.join(sorted(known))}",
-                       field=_ARGUMENT[kind])
+    # up to three: a short name is as close to another GPU as to its own (h100: h200)
+    hint = [repr(h) for h in difflib.get_close_matches(key, list(known), n=3)]
+    said = ", ".join(hint[:-1]) + f" or {hint[-1]}" if len(hint) > 1 else "".join(hint)
+    extra = f" (did you mean {said}?)" if hint else ""
+    raise ProfileError(f"unknown {kind[:-1]} {text!r}{extra}; known: "
+                       f"{', '.join(sorted(known))}", field=_ARGUMENT[kind])
 
 
 def list_gpus() -> list[str]:

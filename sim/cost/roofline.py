@@ -20,6 +20,7 @@ from typing import overload
 
 import numpy as np
 
+from sim.core.fields import is_integer, not_one_of
 from sim.core.rules import Tokens
 from sim.core.types import BatchShape, StepCost
 from sim.cost.aggregate import AggregateSteps
@@ -496,13 +497,14 @@ def build_cost_model(model: str | Path | ModelSpec, hardware: str | Path | GpuPr
     gpu = hardware if isinstance(hardware, GpuProfile) else load_gpu(hardware)
     eng = engine if isinstance(engine, EngineProfile) else load_engine(engine)
     for what, dt in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)):
-        if dt not in DTYPE_BYTES:
-            raise ProfileError(f"unknown {what} {dt!r}; known: {', '.join(DTYPE_BYTES)}")
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ProfileError(f"tp must be a positive integer, got {tp!r}")
+        if not isinstance(dt, str) or dt not in DTYPE_BYTES:
+            raise ProfileError(not_one_of(dt, DTYPE_BYTES), field=what)
+    if not is_integer(tp) or tp < 1:
+        raise ProfileError(f"must be a positive integer, got {tp!r}", field="tp")
+    tp = int(tp)
     if spec.num_heads % tp:
         raise ProfileError(f"{spec.name}: {spec.num_heads} attention heads do not split over "
-                           f"tp={tp}")
+                           f"tp={tp}", field="tp")
     cost = RooflineCost(spec, gpu, tp, eng, CostParams.of(gpu, eng, tp, **overrides),
                         weight_dtype, kv_dtype)
     if cost.weight_bytes_per_gpu > gpu.hbm_bytes:

@@ -70,6 +70,25 @@ def plan_batch_run(rep: Replica, plan: Plan, shape: BatchShape, now: float, limi
     return series, ends, computed, held, remaining, now
 
 
+def _before(last: np.ndarray, k: int, weights: np.ndarray) -> np.ndarray:
+    """Per step of a ``k``-step batch run, the sum of ``weights`` over the rows that left
+    before it (``last``: the step each row runs to; a row whose ``last`` is ``k`` leaves after
+    the stretch, if at all)."""
+    return np.cumsum(np.bincount(last, weights=weights, minlength=k + 1))[:k].astype(np.int64)
+
+
+def run_growth(computed: np.ndarray, held: np.ndarray, remaining: np.ndarray, k: int,
+               block_size: int) -> np.ndarray:
+    """Per step of a ``k``-step batch run, the KV blocks its rows hold beyond those they held
+    when it started: what they have grown to by the step, less what the rows that finished
+    before it held (they released it). What the run's steps log, and what a router reads of
+    a run in flight (``sim.engine.drive.kv_used_blocks``)."""
+    last = np.minimum(remaining, k)  # the step each row runs to in this stretch
+    grown = blocks_grown(computed, held, block_size, k, last)  # given out up to each step
+    final = np.maximum(blocks_for(computed + last, block_size) - held, 0)  # each row's growth
+    return grown - _before(last, k, (held + final).astype(np.float64))
+
+
 def commit_batch_run(rep: Replica, plan: Plan, series: StepSeries, ends: np.ndarray,
                      computed: np.ndarray, held: np.ndarray, remaining: np.ndarray,
                      start: float) -> None:
@@ -80,20 +99,12 @@ def commit_batch_run(rep: Replica, plan: Plan, series: StepSeries, ends: np.ndar
     starts = np.concatenate(([start], ends[:-1]))
     seconds = ends - starts  # a step's duration is its clock interval, as stepping records it
     last = np.minimum(remaining, k)  # the step each row runs to in this stretch
-
-    def before(weights: np.ndarray) -> np.ndarray:
-        """Per step, the sum of ``weights`` over the rows that left before it (a row whose
-        ``last`` is ``k`` leaves after the stretch, if at all)."""
-        return np.cumsum(np.bincount(last, weights=weights, minlength=k + 1))[:k].astype(
-            np.int64)
-
-    alive = n - before(np.ones(n))
-    grown = blocks_grown(computed, held, bs, k, last)  # given out up to each step
-    final = np.maximum(blocks_for(computed + last, bs) - held, 0)  # each row's growth
-    used = (pool.used + grown - before((held + final).astype(np.float64))  # held while it ran
+    alive = n - _before(last, k, np.ones(n))
+    used = (pool.used + run_growth(computed, held, remaining, k, bs)  # held while it ran
             - kv_changes_after(rep, ends))
     # live tokens: every running request's, less those of the rows gone, plus the steps'
-    live = rep.live_tokens() - before(computed.astype(np.float64)) + alive * np.arange(1, k + 1)
+    live = (rep.live_tokens() - _before(last, k, computed.astype(np.float64))
+            + alive * np.arange(1, k + 1))
     worst = np.maximum.accumulate(seconds)  # each row's longest gap: its run's longest step
     peak = max(pool.peak_used, int(used.max()))
     running = rep.running

@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "1946be45009bb393f58d66947edf2dc7cc67e50a83f097813e6996b3dca072a8"
+LOOP_SHA256 = "dc6abca7bf6d55cc95b3cf17c0e0450e98101f286eed62ff082cfa3f0269c5bf"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

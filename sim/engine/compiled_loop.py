@@ -118,7 +118,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "f0905a94b34e8e645e76472ad2485e89c0362e90c89983940ec34de6450e45f5"
+RULES_SHA256 = "0b07b3f85ab9f19df44cc9b7ab96d4406fef5eb3b0633214e67d148d0200432b"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",

@@ -232,13 +232,20 @@ def kv_used_blocks(rep: Replica, now_s: float) -> int:
     flight = rep.flight
     if flight is None or flight.step is not None or flight.skip is None:
         return used
-    from sim.engine.skipping import blocks_grown
-
-    _, ends, computed, held, _ = flight.skip
+    ends = flight.skip[1]
     j = int(np.searchsorted(ends, now_s, side="right"))  # steps of the stretch done by now
     if j >= len(ends):
         return used
-    return used + int(blocks_grown(computed, held, rep.pool.config.block_size, j + 1)[-1])
+    bs = rep.pool.config.block_size
+    if flight.batch:  # a static / dynamic batch run: its finishers release their blocks
+        from sim.engine.batch_skip import run_growth
+
+        _, _, computed, held, remaining, _ = flight.skip
+        return used + int(run_growth(computed, held, remaining, len(ends), bs)[j])
+    from sim.engine.skipping import blocks_grown
+
+    _, _, computed, held, _ = flight.skip
+    return used + int(blocks_grown(computed, held, bs, j + 1)[-1])
 
 
 def replica_state(rep: Replica) -> ReplicaState:

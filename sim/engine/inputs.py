@@ -101,10 +101,12 @@ def _show(value: Any) -> str:
 
 
 def _fail(where: int, ids: Any, field: str, problem: str, value: Any) -> InputError:
-    """The error for ``requests[where].field`` (its id added when it is not the position)."""
+    """The error for ``requests[where].field`` (its id added when it is not the position; the
+    value unless the problem already shows it)."""
     rid = ids[where] if ids is not None else where
     note = "" if isinstance(rid, (int, np.integer)) and int(rid) == where else f" (id {rid!r})"
-    return InputError(f"{problem}, got {_show(value)}{note}", field=f"requests[{where}].{field}")
+    got = "" if ", got " in problem else f", got {_show(value)}"
+    return InputError(f"{problem}{got}{note}", field=f"requests[{where}].{field}")
 
 
 def _columns_from_requests(requests: Sequence[Request]) -> dict[str, np.ndarray]:
@@ -131,25 +133,40 @@ def _columns_from_requests(requests: Sequence[Request]) -> dict[str, np.ndarray]
             raise _fail(i, ids, name, _TOKEN_PROBLEM + " and < 2**63", values[i]) from None
         _check_tokens(col, name, values, ids)
         cols[name] = col
-    if all(map(is_int_type, set(map(type, ids)))):
-        try:
-            id_col = np.fromiter(ids, np.int64, n)
-        except OverflowError:
-            id_col = np.array(ids, dtype=object)
-    else:
-        id_col = np.array(ids, dtype=object)
-    if id_col.dtype == object:  # ids the fast path cannot take: only uniqueness is checked
-        seen: dict[Any, int] = {}
-        for i, rid in enumerate(ids):
-            if rid in seen:
-                raise InputError(f"request ids must be unique: {rid!r} repeats "
-                                 f"requests[{seen[rid]}]", field=f"requests[{i}].id")
-            seen[rid] = i
-    else:
-        _check_unique(id_col)
+    # ids, priorities and prefix lengths are int64 columns of every table: a string id or
+    # one past int64 failed when the requests table was built, after the whole run
+    id_col = _int_column(ids, ids, "id", "must be an integer within int64")
+    _check_unique(id_col)
+    _int_column(list(map(attrgetter("priority"), requests)), ids, "priority",
+                "must be an integer within int64")
+    # (a shared prefix longer than the prompt reuses at most the prompt: the engine's rule)
+    prefix = _int_column(list(map(attrgetter("num_prefix_tokens"), requests)), ids,
+                         "num_prefix_tokens", "must be an integer >= 0")
+    if (prefix < 0).any():
+        i = int(np.argmax(prefix < 0))
+        raise _fail(i, ids, "num_prefix_tokens", "must be an integer >= 0", int(prefix[i]))
+    for name in ("tenant", "prefix_id"):  # labels: text or none
+        values = list(map(attrgetter(name), requests))
+        if not {type(v) for v in values} <= {str, type(None)}:
+            i = next(i for i, v in enumerate(values) if not isinstance(v, (str, type(None))))
+            raise _fail(i, ids, name, "must be a string or None", values[i])
     _check_hash_ids(list(map(attrgetter("hash_ids"), requests)),
                     list(map(attrgetter("num_prefix_tokens"), requests)), cols, ids)
     return {"id": id_col, **cols}
+
+
+def _int_column(values: list[Any], ids: Any, field: str, problem: str) -> np.ndarray:
+    """``values`` as an int64 column; the first that is no integer (numpy's count, bools do
+    not) or is past int64 is the error ``requests[i].<field>: <problem>``."""
+    bad = {t for t in set(map(type, values)) if not is_int_type(t)}
+    if bad:
+        i = next(i for i, v in enumerate(values) if type(v) in bad)
+        raise _fail(i, ids, field, problem, values[i])
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except OverflowError:
+        i = next(i for i, v in enumerate(values) if not -2**63 <= v < 2**63)
+        raise _fail(i, ids, field, problem, values[i]) from None
 
 
 def _columns_from_arrays(trace: TraceArrays) -> dict[str, np.ndarray]:

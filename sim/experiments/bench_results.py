@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from sim.core.errors import InputError
+from sim.core.fields import is_real
 from sim.core.types import Request
 
 
@@ -76,31 +77,73 @@ class BenchRun:
             self.arrivals(seed), self.prompt_tokens, self.output_tokens, strict=True))]
 
 
-def _array(data: dict[str, Any], key: str, source: str) -> np.ndarray:
+def _array(data: dict[str, Any], key: str, source: str, whole: bool = False) -> np.ndarray:
+    """The list ``data[key]`` as numbers (``_numbers``)."""
     value = data.get(key)
     if not isinstance(value, list):
         raise BenchResultError(f"missing list {key!r} (saved with --save-detailed?)",
                                source=source, field=key)
-    return np.asarray(value, dtype=float)
+    return _numbers(value, source, key, whole)
+
+
+def _numbers(value: Any, source: str, field: str, whole: bool = False,
+             rows: Any = None) -> np.ndarray:
+    """``value`` (a list) as finite non-negative floats (whole numbers if ``whole``), of the
+    entries ``rows`` only if given; the first that is not one is a ``BenchResultError`` naming
+    it (``ttfts[3]``)."""
+    rows = range(len(value)) if rows is None else rows
+    out = np.empty(len(rows))
+    for k, i in enumerate(rows):
+        v = value[i]
+        ok = is_real(v) and math.isfinite(v) and v >= 0 and (not whole or float(v).is_integer())
+        if not ok:
+            kind = "a whole number >= 0" if whole else "a finite number >= 0"
+            raise BenchResultError(f"must be {kind}, got {v!r}", source=source,
+                                   field=f"{field}[{i}]")
+        out[k] = v
+    return out
+
+
+def _rate(data: dict[str, Any], source: str) -> float:
+    """The offered request rate: ``inf`` (all at once) or a finite number > 0."""
+    rate = data.get("request_rate", "inf")
+    if rate in ("inf", None) or (is_real(rate) and math.isinf(rate) and rate > 0):
+        return math.inf
+    if not is_real(rate) or not math.isfinite(rate) or rate <= 0:
+        raise BenchResultError(f"must be a number > 0 or \"inf\", got {rate!r}", source=source,
+                               field="request_rate")
+    return float(rate)
 
 
 def _from_vllm(data: dict[str, Any], source: str) -> BenchRun:
     """A ``vllm bench serve`` result object."""
-    prompt, output = _array(data, "input_lens", source), _array(data, "output_lens", source)
-    ttft = _array(data, "ttfts", source)
+    prompt = _array(data, "input_lens", source, whole=True)
+    output = _array(data, "output_lens", source, whole=True)
+    ttfts = data.get("ttfts")
+    if not isinstance(ttfts, list):
+        raise BenchResultError("missing list 'ttfts' (saved with --save-detailed?)",
+                               source=source, field="ttfts")
     itls = data.get("itls")
-    if not isinstance(itls, list) or not (len(prompt) == len(output) == len(ttft) == len(itls)):
+    if not isinstance(itls, list) or not (len(prompt) == len(output) == len(ttfts) == len(itls)):
         raise BenchResultError("input_lens, output_lens, ttfts and itls must be lists of one "
                                "length", source=source, field="itls")
     errors = data.get("errors") or [""] * len(prompt)
+    if not isinstance(errors, list) or len(errors) != len(prompt):
+        raise BenchResultError("must be a list of one entry per request", source=source,
+                               field="errors")
     ok = np.array([not e for e in errors], bool) & (output > 0)
     if not ok.any():
         raise BenchResultError("no successful request", source=source, field="errors")
-    rate = data.get("request_rate", "inf")
-    rate = math.inf if rate in ("inf", None) else float(rate)
+    rate = _rate(data, source)
     idx = np.flatnonzero(ok)
+    ttft = _numbers(ttfts, source, "ttfts", rows=idx.tolist())  # failed requests' are unused
+    for i in idx:
+        if not isinstance(itls[i], list):
+            raise BenchResultError(f"must be a list of gaps, got {itls[i]!r}"[:200],
+                                   source=source, field=f"itls[{i}]")
     return BenchRun(source, prompt[idx].astype(np.int64), output[idx].astype(np.int64),
-                    ttft[idx], tuple(np.asarray(itls[i], float) for i in idx), rate,
+                    ttft, tuple(_numbers(itls[i], source, f"itls[{i}]") for i in idx),
+                    rate,
                     float(data.get("burstiness") or 1.0), None,
                     float(data["duration"]) if data.get("duration") else None,
                     int(data["max_concurrency"]) if data.get("max_concurrency") else None)
@@ -119,6 +162,12 @@ def _from_guidellm(bench: dict[str, Any], source: str) -> BenchRun:
     except (KeyError, TypeError, ValueError) as e:
         raise BenchResultError(f"request field {e} missing or not a number", source=source,
                                field="requests.successful") from None
+    for key, col in cols.items():  # NaN, inf and negative lengths would replay as nonsense
+        bad = ~np.isfinite(col) | ((col < 0) if key.endswith("tokens") else False)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise BenchResultError(f"must be a finite number (tokens >= 0), got {col[i]!r}",
+                                   source=source, field=f"requests.successful[{i}].{key}")
     out = cols["output_tokens"].astype(np.int64)
     gap = (cols["last_token_time"] - cols["first_token_time"]) / np.maximum(out - 1, 1)
     start = cols["start_time"]

@@ -26,7 +26,17 @@ from typing import Any, overload
 
 import pandas as pd
 
-from sim.experiments.config import expand_runs, load_yaml, parse_override, set_dotted
+from sim.core.errors import InputError
+from sim.core.fields import is_real
+from sim.experiments.config import (
+    RunSpec,
+    config_path,
+    expand_runs,
+    load_yaml,
+    parse_override,
+    set_dotted,
+)
+from sim.experiments.executors import check_jobs
 from sim.experiments.fleet import cost_per_mtok, fleet, fleet_label
 from sim.experiments.results import read_json, write_json, write_text
 from sim.experiments.runner import build_requests, pin_inputs, run_id, simulate_config
@@ -89,28 +99,33 @@ def find_targets(path: Path, overrides: Iterable[str] | Mapping[str, Any], slos:
         {**overrides, **dict(parse_override(t) for t in extra)}
         if isinstance(overrides, Mapping) else [*overrides, *extra])
     base, runs = expand_runs(raw, merged, source=str(path), sweeps=sweeps, notify=notify)
-    targets = []
-    for spec in runs:
-        searched = set(spec.swept) & set(RATE_KEYS)
-        if searched:
-            raise CapacityError(f"sweep.{min(searched)}: capacity searches over the rate "
-                                "itself; do not sweep it")
-        cfg = spec.config
-        key = rate_key(cfg["workload"])
-        if key == "workload.rate" and cfg["workload"].get("rate") is None:
-            reqs = build_requests(cfg, path.resolve().parent)
-            span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
-            if len(reqs) < 2 or span <= 0:
-                raise CapacityError("workload: the trace needs two distinct arrival times")
-            cfg = copy.deepcopy(cfg)
-            cfg["workload"].pop("time_scale", None)
-            cfg["workload"]["rate"] = _round((len(reqs) - 1) / span)
-        start = float(cfg["workload"]["rate"] if key == "workload.rate"
-                      else cfg["workload"]["arrival"]["rate"])
-        label = " ".join([spec.label] + [f"{k}={v}" for k, v in spec.swept.items()])
-        cfg = pin_inputs(cfg, path.resolve().parent)
-        targets.append(Target(label, dict(spec.swept), cfg, key, start))
-    return base, targets
+    try:
+        return base, [_target(spec, path) for spec in runs]
+    except InputError as e:  # the experiment cannot be searched: say which file
+        raise e.within(str(path)) from None
+
+
+def _target(spec: RunSpec, path: Path) -> Target:
+    """The capacity search of one run of the experiment at ``path``."""
+    searched = set(spec.swept) & set(RATE_KEYS)
+    if searched:
+        raise CapacityError(f"sweep.{min(searched)}: capacity searches over the rate "
+                            "itself; do not sweep it")
+    cfg = spec.config
+    key = rate_key(cfg["workload"])
+    if key == "workload.rate" and cfg["workload"].get("rate") is None:
+        reqs = build_requests(cfg, path.resolve().parent)
+        span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
+        if len(reqs) < 2 or span <= 0:
+            raise CapacityError("workload: the trace needs two distinct arrival times")
+        cfg = copy.deepcopy(cfg)
+        cfg["workload"].pop("time_scale", None)
+        cfg["workload"]["rate"] = _round((len(reqs) - 1) / span)
+    start = float(cfg["workload"]["rate"] if key == "workload.rate"
+                  else cfg["workload"]["arrival"]["rate"])
+    label = " ".join([spec.label] + [f"{k}={v}" for k, v in spec.swept.items()])
+    cfg = pin_inputs(cfg, path.resolve().parent)
+    return Target(label, dict(spec.swept), cfg, key, start)
 
 
 def _round(rate: float) -> float:
@@ -326,15 +341,13 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
     """Search the capacity of every policy of ``config``; write capacity.csv and search.csv
     into ``out`` (default ``runs/<name>-capacity``) and return the capacity table.
     ``overrides`` and ``sweeps`` are those of ``sim.run_experiment``."""
-    from sim.experiments.config import RunSpec
     from sim.experiments.outdir import OutputLock, output_folder
     from sim.experiments.run import preflight
 
-    if not 0.001 <= tolerance <= 0.5:
-        raise CapacityError(f"--tolerance: must be in [0.001, 0.5], got {tolerance:g}")
-    if jobs < 1:
-        raise CapacityError(f"--jobs: must be >= 1, got {jobs}")
-    path = Path(config)
+    if not is_real(tolerance) or not 0.001 <= tolerance <= 0.5:
+        raise CapacityError(f"--tolerance: must be a number in [0.001, 0.5], got {tolerance!r}")
+    jobs = check_jobs(jobs)
+    path = config_path(config)
     slos = parse_slos(slo, attainment)
     base, targets = find_targets(
         path, overrides or [], slos, sweeps,

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from sim.experiments.capacity import run_capacity
-from sim.experiments.config import expand_runs, load_yaml
+from sim.experiments.config import config_path, expand_runs, load_yaml
 from sim.experiments.results import write_text
 from sim.experiments.slo import CapacityError
 
@@ -45,7 +45,7 @@ def run_split(config: str | Path, num_gpus: int, slo: str, attainment: float | N
               out: str | Path | None = None, tolerance: float = 0.05, jobs: int = 1,
               quiet: bool = False) -> pd.DataFrame:
     """Search every deployment of ``num_gpus`` GPUs; return (and write) the split table."""
-    path = Path(config)
+    path = config_path(config)
     raw = load_yaml(path)
     if raw.get("cluster") is not None:
         raise CapacityError("--split-gpus builds the deployments itself: remove the "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from policies import DEFAULT_POLICY, make_policy
 from sim.core.errors import InputError
 from sim.core.fields import validate_fields
 from sim.experiments.labels import policy_labels
@@ -31,7 +33,7 @@ from sim.experiments.overrides import (
 from sim.experiments.schema import SCHEMA
 from sim.experiments.yaml_strict import StrictLoader
 
-__all__ = ["ConfigError", "RunSpec", "expand_runs", "load_yaml", "parse_override",
+__all__ = ["ConfigError", "RunSpec", "config_path", "expand_runs", "load_yaml", "parse_override",
            "policy_label", "set_dotted", "validate"]
 
 
@@ -68,6 +70,15 @@ def _check_shape(data: Any, path: Path) -> None:
                 stack.append((value, f"{where}{key}."))
         elif isinstance(node, list):
             stack.extend((v, f"{where}[{i}].") for i, v in enumerate(node))
+
+
+def config_path(path: Any) -> Path:
+    """An experiment file argument (``str`` or path-like) as a ``Path``; anything else (``None``,
+    a mapping) is one ``ConfigError``, not a ``TypeError`` from ``pathlib``."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ConfigError(f"config: expected the path of an experiment YAML file, got "
+                          f"{path!r}"[:200])
+    return Path(path)
 
 
 def read_config_text(path: Path) -> str:
@@ -140,7 +151,7 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
     for key, values in (sweep or {}).items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{source}: sweep.{key}: expected a non-empty list of values")
-        check_path(key)
+        _check_swept_path(key, "sweep", source)
         axes.append([{key: v} for v in values])
     if zipped:
         both = sorted(set(zipped) & set(sweep or {}))
@@ -151,7 +162,7 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
             raise ConfigError(f"{source}: zip: every key needs a list, all of one length "
                               f"(got {lengths})")
         for key in zipped:
-            check_path(key)
+            _check_swept_path(key, "zip", source)
         n = next(iter(lengths.values()))
         axes.append([{k: v[i] for k, v in zipped.items()} for i in range(n)])
     combos = []
@@ -161,6 +172,27 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
             merged.update(p)
         combos.append(merged)
     return combos
+
+
+def _check_swept_path(key: str, block: str, source: str) -> None:
+    """``check_path`` of a key of the file's ``sweep:`` or ``zip:``, located there."""
+    try:
+        check_path(key)
+    except InputError as e:
+        raise ConfigError(f"{source}: {block}.{e}") from None
+
+
+def _check_load_key(key: str | None, configs: list[dict[str, Any]], source: str) -> None:
+    """``output.load_key`` names a key swept in the file or after its overrides (one that an
+    override turned into a single value stays acceptable); any other key is a typo the plots
+    would silently ignore."""
+    if key is None:
+        return
+    swept = list(dict.fromkeys(k for cfg in configs for block in ("sweep", "zip")
+                               if isinstance(cfg.get(block), dict) for k in cfg[block]))
+    if key not in swept:
+        raise ConfigError(f"{key!r} is not a swept key; swept: {', '.join(swept) or 'none'}",
+                          source=source, field="output.load_key")
 
 
 def _check_size(num_policies: int, sweep: dict[str, Any] | None,
@@ -173,6 +205,21 @@ def _check_size(num_policies: int, sweep: dict[str, Any] | None,
     if total > MAX_RUNS:
         raise ConfigError(f"{source}: sweep: {total:,} runs (policies x sweep x zip), more than "
                           f"the limit of {MAX_RUNS:,}; split it into several experiments")
+
+
+def _check_listed_policy(spec: dict[str, Any], index: int, combo: dict[str, Any],
+                         source: str) -> None:
+    """Build entry ``index`` of ``policies:`` (with its run's swept values) so that a bad
+    parameter names that entry (``policies[1].max_num_seqs``), not a ``policy`` key the file
+    does not have; a swept parameter keeps its swept key (``policy.max_num_seqs``)."""
+    try:
+        make_policy(spec)
+    except InputError as e:
+        field = e.field or "policy"
+        swept = any(field == k or field.startswith(k + ".") for k in combo)
+        if not swept and field.split(".")[0] == "policy":
+            field = f"policies[{index}]" + field[len("policy"):]
+        raise ConfigError(e.problem, source=source, field=field) from None
 
 
 def policy_label(spec: Any) -> str:
@@ -199,19 +246,21 @@ def expand_runs(raw: dict[str, Any],
         raise ConfigError(f"{source}: {e}") from None
     if base["policy"] is not None and base["policies"] is not None:
         raise ConfigError(f"{source}: policy: give either 'policy' or 'policies', not both")
-    policies = base.pop("policies")
+    policies = raw_policies = base.pop("policies")
     if policies is not None and not policies:
         raise ConfigError(f"{source}: policies: empty list; give at least one policy (or "
                           "drop the key for the default)")
-    policies = policies or [base["policy"] or {"name": "continuous"}]
+    policies = policies or [base["policy"] or {"name": DEFAULT_POLICY}]
     try:
         labels = policy_labels(policies)
     except InputError as e:
         raise ConfigError(str(e.within(source))) from None
     sweep, zipped = base.pop("sweep"), base.pop("zip")
     _check_size(len(policies), sweep, zipped, source)
+    _check_load_key(base["output"]["load_key"], [raw, {"sweep": sweep, "zip": zipped}], source)
     runs: list[RunSpec] = []
-    for spec, label in zip(policies, labels, strict=True):
+    listed = base["policy"] is None and raw_policies is not None
+    for i, (spec, label) in enumerate(zip(policies, labels, strict=True)):
         for combo in _expand(sweep, zipped, source):
             cfg = copy.deepcopy(base)
             cfg["policy"] = copy.deepcopy(spec) if isinstance(spec, dict) else {"name": spec}
@@ -221,8 +270,14 @@ def expand_runs(raw: dict[str, Any],
                 cfg = validate({k: v for k, v in cfg.items()})
             except ConfigError as e:
                 raise ConfigError(f"{source}: {e}") from None
+            if listed:
+                _check_listed_policy(cfg["policy"], i, combo, source)
             cfg.pop("sweep", None)
             cfg.pop("zip", None)
             cfg.pop("policies", None)
             runs.append(RunSpec(cfg, combo, label))
+    given = (data.get("parallelism") or {}).get("replicas")
+    if notify is not None and given is not None and any(r.config.get("cluster") for r in runs):
+        notify(f"parallelism.replicas ({given}) is not used by the runs with a cluster block: "
+               "its groups set the replicas")
     return base, runs

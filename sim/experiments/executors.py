@@ -11,6 +11,7 @@ it).
 """
 from __future__ import annotations
 
+import os
 import signal
 from collections import deque
 from collections.abc import Callable
@@ -19,7 +20,8 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from sim.core.errors import EnvironmentFailure
+from sim.core.errors import EnvironmentFailure, InputError
+from sim.core.fields import is_integer, not_one_of
 from sim.experiments.results import write_text
 from sim.experiments.runner import execute_run
 
@@ -27,6 +29,34 @@ from sim.experiments.runner import execute_run
 RunArgs = tuple[dict[str, Any], str, str]
 #: Called with (run id, summary or ``{"error": ...}``) as each run finishes.
 OnDone = Callable[[str, dict[str, Any]], None]
+
+
+#: Where ``batchsim run`` may execute its runs (``--executor``).
+EXECUTORS = ("local", "dask")
+#: Most worker processes ``--jobs`` may ask for per CPU of this machine: runs are CPU-bound, so
+#: more only wait for a core while each holds its memory, and a slip such as ``--jobs 10000``
+#: would start ten thousand Python processes.
+JOBS_PER_CPU = 4
+
+
+def check_jobs(jobs: Any) -> int:
+    """``--jobs`` (``jobs=`` from Python), checked: a whole number from 1 to ``JOBS_PER_CPU``
+    per CPU of this machine; the one rule of ``batchsim run`` and ``batchsim capacity``."""
+    limit = JOBS_PER_CPU * (os.cpu_count() or 1)
+    if not is_integer(jobs) or not 1 <= jobs <= limit:
+        raise InputError(f"must be a whole number from 1 to {limit} ({JOBS_PER_CPU} per CPU of "
+                         f"this machine), got {jobs!r}", field="--jobs")
+    return int(jobs)
+
+
+def check_executor(executor: Any, address: Any) -> None:
+    """``--executor`` is one of ``EXECUTORS``, and ``--address`` (a Dask scheduler) goes with
+    ``dask`` only: a local run would silently ignore it."""
+    if executor not in EXECUTORS:
+        raise InputError(not_one_of(executor, EXECUTORS), field="--executor")
+    if address is not None and executor != "dask":
+        raise InputError(f"a Dask scheduler address ({address!r}) needs --executor dask",
+                         field="--address")
 
 
 def worker_init() -> None:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 from pathlib import Path
@@ -68,6 +69,7 @@ def output_folder(out: str | Path | None, name: Any, source: str, suffix: str = 
     try:
         if path.exists() and not path.is_dir():
             raise OutputFolderError(f"--out {path}: exists and is not a folder")
+        check_own_folder(path)
         (path / subfolder).mkdir(parents=True, exist_ok=True)
         if not os.access(path, os.W_OK | os.X_OK):
             raise OSError(errno.EACCES, "permission denied", str(path))
@@ -77,6 +79,26 @@ def output_folder(out: str | Path | None, name: Any, source: str, suffix: str = 
         raise OutputFolderError(f"--out {path}: cannot use it as the output folder: "
                                 f"{e.strerror or e}") from None
     return path
+
+
+def check_own_folder(path: Path) -> None:
+    """Refuse an existing, non-empty folder that batchsim did not write: it would replace the
+    user's files of its names there (``summary.csv``, ``report.md``, ``plots/*.png``...).
+    batchsim's own folders hold the lock file every writing command creates, or (folders
+    older than the lock) a ``runs/`` or ``probes/`` folder; one of hidden files only counts as
+    empty."""
+    if not path.is_dir() or (path / LOCK_NAME).exists() or any(
+            (path / sub).is_dir() for sub in ("runs", "probes")):
+        return
+    with os.scandir(path) as entries:  # hidden files (.DS_Store, .gitkeep) leave it empty
+        names = sorted(itertools.islice((e.name for e in entries if not e.name.startswith(".")),
+                                        4))
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise OutputFolderError(f"--out {path}: a folder of other files ({shown}), not a "
+                                "batchsim output folder; batchsim would replace files there "
+                                "(summary.csv, report.md, plots/...): give a new or empty "
+                                "folder")
 
 
 class OutputLock:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from sim.core.errors import InputError
-from sim.core.fields import unknown_key
+from sim.core.fields import Key, unknown_key
 from sim.experiments.schema import SCHEMA, lookup
 from sim.experiments.yaml_strict import yaml_value
 
@@ -46,10 +46,23 @@ def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
 
 def check_path(path: str) -> None:
     """Reject an override or sweep key that the schema cannot hold."""
-    head = path.split(".")[0]
+    parts = path.split(".")
+    if not all(parts):
+        raise ConfigError(f"{path}: empty key name (two dots in a row, or a dot at an end)")
+    indexed = next((p for p in parts if "[" in p), None)
+    if indexed is not None:
+        whole = ".".join(parts[:parts.index(indexed)] + [indexed.split("[")[0]])
+        raise ConfigError(f"{path}: a list entry cannot be set on its own ({indexed}); set the "
+                          f"whole list, e.g. --set '{whole}=[...]'")
+    head = parts[0]
     if head in ("workload", "policy", "router", "cluster", "sweep", "zip"):
         return  # validated by their own modules once set
     if lookup(path) is None:
+        for i in range(1, len(parts)):  # a key below a single value: say which value
+            if isinstance(lookup(".".join(parts[:i])), Key):
+                leaf = ".".join(parts[:i])
+                raise ConfigError(f"{path}: {leaf} is a single value, not a block of keys; set "
+                                  f"it whole, e.g. --set '{leaf}=...'")
         parent = path.rsplit(".", 1)[0] if "." in path else ""
         node = lookup(parent) if parent else SCHEMA
         known = node if isinstance(node, dict) else {}
@@ -168,11 +181,15 @@ def apply_overrides(data: dict[str, Any],
     notes: list[str] = []
     if isinstance(overrides, Mapping):
         items = [(str(k), v, f"--set {k}={_show(v)}") for k, v in overrides.items()]
-    elif isinstance(overrides, str):
-        raise ConfigError(f"overrides: expected a list of 'dotted.key=value' strings, got "
-                            f"the string {overrides!r}")
     else:
-        items = [(*parse_override(t), f"--set {t}") for t in overrides or []]
+        texts = ([] if overrides is None else list(overrides)
+                 if isinstance(overrides, Iterable) else [overrides])
+        if isinstance(overrides, str) or any(not isinstance(t, str) for t in texts):
+            what = (f"the string {overrides!r}" if isinstance(overrides, str)
+                    else repr(overrides)[:200])
+            raise ConfigError(f"overrides: expected a list of 'dotted.key=value' strings (or a "
+                              f"mapping of dotted key to value), got {what}")
+        items = [(*parse_override(t), f"--set {t}") for t in texts]
     if sweeps is not None and not isinstance(sweeps, Mapping):
         raise ConfigError("sweeps: expected a mapping of dotted.key: [values]")
     for key, values in (sweeps or {}).items():

@@ -11,8 +11,8 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
 
 
 def format_seconds(seconds: float) -> str:
@@ -23,6 +23,27 @@ def format_seconds(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def fallback_message(reasons: dict[str, int]) -> str:
+    """The console line naming why runs took the general engine (``SimResult.engine_reason``)."""
+    parts = [f"{why} ({n} run{'s' if n > 1 else ''})" for why, n in reasons.items()]
+    return "batchsim: general engine (slower, exact) for: " + "; ".join(parts)
+
+
+def rejected_phrase(label: str, rid: str, result: Mapping[str, Any]) -> str:
+    """``label (run id): 20 of 20 (first reason)`` of a finished run that rejected requests."""
+    n = sum(int(result.get(k) or 0) for k in ("completed", "num_rejected", "num_unfinished"))
+    why = result.get("first_rejection") or "see its requests table"
+    return f"{label} ({rid}): {result['num_rejected']} of {n} ({why})"
+
+
+def rejected_note(phrases: list[str]) -> str:
+    """The console line that says runs rejected requests (``rejected_phrase`` of each, the
+    first three named): a run whose requests never fit is not an error, but never silent."""
+    more = f"; and {len(phrases) - 3} more runs" if len(phrases) > 3 else ""
+    return ("batchsim: requests rejected (they can never run on this deployment; every reason "
+            "in runs/<id>/requests, column reason): " + "; ".join(phrases[:3]) + more)
 
 
 class Progress:

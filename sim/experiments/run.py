@@ -18,10 +18,18 @@ import pandas as pd
 import yaml
 
 from sim.core.errors import EnvironmentFailure, InputError
+from sim.core.fields import check_flags
 from sim.cost.profiles import calibration_notes
 from sim.cost.validity import VALIDITY_COLUMNS
-from sim.experiments.config import ConfigError, RunSpec, expand_runs, load_yaml
-from sim.experiments.executors import run_pool, run_serial, stop_pool, worker_init
+from sim.experiments.config import ConfigError, RunSpec, config_path, expand_runs, load_yaml
+from sim.experiments.executors import (
+    check_executor,
+    check_jobs,
+    run_pool,
+    run_serial,
+    stop_pool,
+    worker_init,
+)
 from sim.experiments.intervals import check_config_intervals
 from sim.experiments.labels import swept_value
 from sim.experiments.outdir import (
@@ -30,7 +38,12 @@ from sim.experiments.outdir import (
     finished_summary,
     output_folder,
 )
-from sim.experiments.progress import Progress
+from sim.experiments.progress import (
+    Progress,
+    fallback_message,
+    rejected_note,
+    rejected_phrase,
+)
 from sim.experiments.results import write_text
 from sim.experiments.runner import (
     build_cost,
@@ -64,6 +77,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
     """Build every run's policy, cost model, KV and workload once, before anything runs."""
     from policies import make_policy
     from routers import make_router
+    from sim.cluster.deployment import check_step_table
     from sim.cluster.groups import parse_groups
     from sim.kv.config import resolve_kv
 
@@ -78,6 +92,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
                 args = cluster_args(cfg)
                 parse_groups(args["cluster"], policy=cfg["policy"], kv=kv_spec(cfg), cost=None,
                              cost_keys=args["cost_keys"])
+                check_step_table(cfg["metrics"]["step_table"])
             try:
                 cost = build_cost(cfg, base_dir)
             except InputError as e:
@@ -115,12 +130,6 @@ def _execute(todo: list[tuple[str, dict[str, Any]]], base_dir: Path, out: Path, 
         run_serial(args, on_done, labels)
     else:
         run_pool(args, jobs, on_done)
-
-
-def fallback_message(reasons: dict[str, int]) -> str:
-    """The console line naming why runs took the general engine (``SimResult.engine_reason``)."""
-    parts = [f"{why} ({n} run{'s' if n > 1 else ''})" for why, n in reasons.items()]
-    return "batchsim: general engine (slower, exact) for: " + "; ".join(parts)
 
 
 def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
@@ -203,7 +212,10 @@ def run_experiment(path: str | Path,
     ``report.md`` once the runs are done (the report layer sits above this one, so the caller
     hands it in; ``sim.run_experiment`` always does).
     """
-    path = Path(path)
+    jobs = check_jobs(jobs)
+    check_executor(executor, address)
+    check_flags(quiet=quiet, plots=plots if plots is not None else False)
+    path = config_path(path)
     raw = load_yaml(path)
     base, runs = expand_runs(raw, overrides, source=str(path), sweeps=sweeps,
                              notify=None if quiet else _note)
@@ -246,6 +258,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
     progress.start()
 
     general: dict[str, int] = {}  # why runs fell back to the general engine -> how many
+    rejected: list[str] = []  # the runs that rejected requests, one phrase each
+    labels = {run_id(spec.config): spec.label for spec in runs}
 
     def on_done(rid: str, result: dict[str, Any]) -> None:
         error = result.get("error")
@@ -256,6 +270,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
                 f"{out / 'runs' / rid}; the workers must write into this folder (a shared "
                 "filesystem mounted at the same path)")
         progress.advance(rid, error)
+        if result.get("num_rejected"):
+            rejected.append(rejected_phrase(labels.get(rid, rid), rid, result))
         if result.get("sim_engine") == "general":
             why = result.get("sim_engine_reason") or "unknown"
             general[why] = general.get(why, 0) + 1
@@ -279,6 +295,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
         report(out, base, runs, summary, plots=draw)
     if general:
         progress.message(fallback_message(general))
+    if rejected:  # requests that can never run here: not a failure, but never silent
+        progress.message(rejected_note(rejected))
     if failed:
         progress.message(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
     # Runs that failed this time or earlier: their first error line, for the CLI to report.

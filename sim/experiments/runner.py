@@ -109,11 +109,16 @@ def build_cost(config: dict[str, Any], base_dir: Path | None = None) -> CostMode
                           per_seq_s=c["per_seq_s"])
     from sim.cost.roofline import build_cost_model
 
-    return build_cost_model(model=resolve_from(config["model"], base_dir),
-                            hardware=resolve_from(config["hardware"], base_dir),
-                            tp=config["parallelism"]["tp"],
-                            engine=resolve_from(config["engine"], base_dir),
-                            weight_dtype=c["weight_dtype"], kv_dtype=c["kv_dtype"])
+    try:
+        return build_cost_model(model=resolve_from(config["model"], base_dir),
+                                hardware=resolve_from(config["hardware"], base_dir),
+                                tp=config["parallelism"]["tp"],
+                                engine=resolve_from(config["engine"], base_dir),
+                                weight_dtype=c["weight_dtype"], kv_dtype=c["kv_dtype"])
+    except InputError as e:  # name the YAML key, not the argument it became
+        if e.field in YAML_KEY_OF_ARGUMENT and e.source is None:
+            raise InputError(e.problem, field=YAML_KEY_OF_ARGUMENT[e.field]) from None
+        raise
 
 
 def engine_profile_of(config: dict[str, Any]) -> str:
@@ -200,11 +205,13 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
         raise
 
 
-#: ``simulate`` arguments that a run config sets, by the YAML key that sets them.
+#: ``simulate`` and ``build_cost_model`` arguments that a run config sets, by the YAML key
+#: that sets them.
 YAML_KEY_OF_ARGUMENT = {"warmup_s": "metrics.warmup_s", "cooldown_s": "metrics.cooldown_s",
                         "step_table": "metrics.step_table", "horizon_s": "limits.horizon_s",
                         "wall_clock_s": "limits.wall_clock_s",
-                        "max_model_len": "limits.max_model_len"}
+                        "max_model_len": "limits.max_model_len", "tp": "parallelism.tp",
+                        "weight_dtype": "cost.weight_dtype", "kv_dtype": "cost.kv_dtype"}
 
 
 def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
@@ -271,4 +278,13 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
             return {"error": f"{type(e).__name__}: {e}"}
         summary["wall_s"] = round(time.perf_counter() - t0, 3)  # the draws included
     write_json(folder / "summary.json", summary)
-    return summary
+    return {**summary, "first_rejection": first_rejection(res.requests)}
+
+
+def first_rejection(requests: Any) -> str:
+    """Why the first rejected request of a run's requests table was rejected ('' if none): the
+    console names it (the table's ``reason`` column has every one)."""
+    if "status" not in requests or "reason" not in requests:
+        return ""
+    rejected = requests["reason"][requests["status"] == "rejected"]
+    return str(rejected.iloc[0]) if len(rejected) else ""

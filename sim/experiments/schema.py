@@ -68,7 +68,7 @@ SCHEMA: dict[str, Any] = {
     "output": {
         "plots": Key((bool,), True, "Draw the PNG plots."),
         "load_key": Key(STR + (OPT,), None, "Swept key used as the x axis of load plots "
-                        "(default: the first swept key)."),
+                        "(default: the first swept key); a key of `sweep:` or `zip:`."),
     },
 }
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import InputError
+from sim.core.fields import is_real
 
 PERCENTILE = re.compile(r"^(ttft|tpot|itl|e2el)_(p50|median|p90|p99|mean)_ms$")
 PER_REQUEST = ("ttft_ms", "tpot_ms", "e2el_ms")
@@ -88,8 +89,10 @@ def parse_slos(text: str, attainment: float | None = None) -> Slos:
     ``attainment``) into :class:`Slos`."""
     forms = ("{ttft,tpot,itl,e2el}_{p50,p90,p99,mean}_ms=X, or with --attainment "
              "ttft_ms/tpot_ms/e2el_ms=X")
-    if attainment is not None and not 0 < attainment <= 1:
-        raise CapacityError(f"--attainment: must be in (0, 1], got {attainment:g}")
+    if attainment is not None and (not is_real(attainment) or not 0 < attainment <= 1):
+        raise CapacityError(f"--attainment: must be a number in (0, 1], got {attainment!r}")
+    if text is not None and not isinstance(text, str):
+        raise CapacityError(f"--slo: expected text such as 'ttft_p99_ms=2000', got {text!r}")
     pct: dict[str, float] = {}
     req: dict[str, float] = {}
     for item in filter(None, (t.strip() for t in (text or "").split(","))):

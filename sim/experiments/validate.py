@@ -16,9 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from policies import DEFAULT_POLICY
 from sim.core.errors import InputError
+from sim.core.fields import check_value
 from sim.cost.profiles import EngineProfile, load_engine
 from sim.cost.roofline import build_cost_model
+from sim.engine.inputs import SEED
 from sim.engine.simulate import SimResult, simulate
 from sim.experiments.bench_results import BenchRun
 
@@ -31,8 +34,9 @@ def replay(run: BenchRun, model: str, hardware: str, tp: int = 1,
            engine: str | EngineProfile = "vllm-v0", policy: dict[str, Any] | None = None,
            seed: int = 0) -> SimResult:
     """Simulate ``run``'s requests (vLLM-style continuous batching unless ``policy``)."""
+    seed = check_value(seed, SEED, "--seed")  # before it draws arrivals (numpy's own error)
     cost = build_cost_model(model, hardware, tp, engine=engine)
-    return simulate(run.requests(seed), policy or {"name": "continuous"}, cost, seed=seed)
+    return simulate(run.requests(seed), policy or {"name": DEFAULT_POLICY}, cost, seed=seed)
 
 
 def measured(run: BenchRun) -> dict[str, float]:

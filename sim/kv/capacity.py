@@ -54,8 +54,13 @@ class KVCapacity:
         return self.num_blocks // blocks_for(context_len, self.block_size)
 
 
-def kv_capacity(model: str, hardware: str, tp: int = 1, block_size: int = 16,
-                gpu_memory_utilization: float = 0.9,
+#: The ``kv`` block's defaults (``KV_FIELDS``), which the capacity reports share.
+BLOCK_SIZE: int = KV_FIELDS["block_size"].default
+GPU_MEMORY_UTILIZATION: float = KV_FIELDS["gpu_memory_utilization"].default
+
+
+def kv_capacity(model: str, hardware: str, tp: int = 1, block_size: int = BLOCK_SIZE,
+                gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                 activation_reserve_gb: float = ACTIVATION_RESERVE_GB,
                 kv_dtype: str = "bf16", weight_dtype: str = "bf16") -> KVCapacity:
     """The KV capacity of ``model`` on ``tp`` × ``hardware`` (built-in names or paths)."""
@@ -76,8 +81,8 @@ def kv_capacity(model: str, hardware: str, tp: int = 1, block_size: int = 16,
                       tokens // block_size, cost.gpu.memory_type)
 
 
-def describe_capacity(model: str, hardware: str, tp: int = 1, block_size: int = 16,
-                      gpu_memory_utilization: float = 0.9) -> str:
+def describe_capacity(model: str, hardware: str, tp: int = 1, block_size: int = BLOCK_SIZE,
+                      gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> str:
     """A short text report of ``kv_capacity`` (what ``batchsim profiles`` prints)."""
     c = kv_capacity(model, hardware, tp, block_size, gpu_memory_utilization)
     memory = f" {c.memory_type}" if c.memory_type else ""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import InputError
-from sim.core.fields import INT, NUM, OPT, STR, Key, check_value, validate_fields
+from sim.core.fields import INT, MIN_GBPS, NUM, OPT, STR, Key, check_value, validate_fields
 from sim.cost.base import KVSizedCost
 
 #: Blocks given to an "unlimited" cache: large enough never to bind, small enough for int64 math.
@@ -54,7 +54,7 @@ KV_FIELDS: dict[str, Key] = {
     "preemption": Key(STR, "recompute", "Out of blocks: drop the KV and recompute it, or "
                       "swap it to host memory over PCIe.", choices=PREEMPTIONS),
     "swap_gbps": Key(NUM + (OPT,), None, "swap: host link bandwidth of a replica; default "
-                     "gpu.pcie_gbps × tp.", "GB/s", 0, True),
+                     "gpu.pcie_gbps × tp.", "GB/s", MIN_GBPS),
     "kv_bytes_per_token": Key(NUM + (OPT,), None, "swap: KV bytes per token of a replica; "
                               "default from the cost model.", "B", 0, True),
     "max_preemptions": Key(INT + (OPT,), 64, "Reject a request preempted more often than this "

@@ -128,6 +128,9 @@ def regenerate(out: Path) -> None:
                          "summary.csv and runs/)")
     try:
         doc = yaml.safe_load(exp.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or not isinstance(doc.get("experiment"), dict):
+            raise ConfigError("expected the mapping batchsim writes, with the experiment under "
+                              "'experiment:' (the file was edited or replaced)")
         raw = doc["experiment"]
         base, runs = expand_runs(raw, doc.get("overrides") or [],
                                  source=str(doc.get("source", exp)), sweeps=doc.get("sweeps"))

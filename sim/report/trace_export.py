@@ -125,11 +125,37 @@ def routing_events(requests: pd.DataFrame, limit: int = MAX_REQUESTS) -> list[di
     return events
 
 
+#: How every trace this module writes begins, and the marker near its end.
+_HEAD, _MARK = b'{"traceEvents":[', b'"otherData":{"source":"batchsim"'
+
+
+def check_trace_target(path: Path) -> None:
+    """Refuse a ``path`` that is a folder, or an existing file that is not a trace this module
+    wrote: the export replaces it, and a user's file (or another batchsim file, such as a
+    ``summary.csv``) must never be replaced."""
+    if path.is_dir():
+        raise InputError(f"a folder; give the trace's file name (e.g. {path / 'trace.json'})",
+                         field=f"--out {path}")
+    if not path.exists():
+        return
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(_HEAD))
+            fh.seek(max(path.stat().st_size - 4096, 0))
+            ours = head == _HEAD and _MARK in fh.read()
+    except OSError:
+        ours = False
+    if not ours:
+        raise InputError("exists and is not a trace batchsim wrote, so it is not replaced: "
+                         "remove it or give another file name", field=f"--out {path}")
+
+
 def export_chrome_trace(steps: pd.DataFrame, path: Path, requests: pd.DataFrame | None = None,
                         max_requests: int = MAX_REQUESTS, max_steps: int = MAX_STEPS) -> Path:
     """Write ``steps`` (and optionally ``requests``) as a Chrome trace JSON at ``path``
     (atomically); return ``path``."""
     path = Path(path)
+    check_trace_target(path)
     if is_bucketed(steps):
         raise InputError("the run's step table is bucketed (metrics.step_table); run it with "
                          "step_table: full to export its steps", source=str(path))

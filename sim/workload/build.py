@@ -29,6 +29,7 @@ import numpy as np
 from sim.core.arrays import TraceArrays, tuple_column
 from sim.core.blocks import HASH_BLOCK_TOKENS
 from sim.core.errors import InputError
+from sim.core.fields import is_real, unknown_key
 from sim.core.types import Request
 from sim.workload import synthetic
 from sim.workload.limits import MAX_CV, MAX_PRIORITY, MAX_RATE, MAX_REQUESTS, MAX_SIGMA, MIN_CV
@@ -100,9 +101,9 @@ class _Spec:
     def only(self, allowed: set[str]) -> None:
         """Reject keys outside ``allowed``, listing what is accepted."""
         for k in self.d:
-            if k not in allowed:
-                raise WorkloadError(f"{self.key(str(k))}: unknown key; allowed here: "
-                                    f"{', '.join(sorted(allowed))}")
+            if k not in allowed:  # the one unknown-key message, with its close-match hint
+                e = unknown_key(str(k), sorted(allowed), self.key(str(k)))
+                raise WorkloadError(e.problem, field=e.field)
 
     def num(self, k: str, default: Any = None, *, lo: float | None = None, lo_open: bool = False,
             integer: bool = False, required: bool = False, hi: float | None = None) -> Any:
@@ -112,7 +113,7 @@ class _Spec:
             if required:
                 raise WorkloadError(f"{self.key(k)}: required")
             return default
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ok = is_real(v) and math.isfinite(v)  # ``sim.core.fields``' rule: numpy counts
         if integer:
             ok = ok and float(v).is_integer()
         if not ok:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from sim.core.errors import InputError
+from sim.core.fields import unknown_key
 from sim.core.types import Request
 from sim.workload import synthetic
 from sim.workload.limits import MAX_RATE, MAX_REQUESTS, MAX_SIGMA
@@ -113,8 +114,8 @@ def conversations(spec: Mapping[str, Any], rng: np.random.Generator) -> list[Req
         raise ConversationError(f"{WHERE}: must be a mapping, got {type(spec).__name__}")
     unknown = sorted(set(spec) - set(DEFAULTS))
     if unknown:
-        raise ConversationError(f"{WHERE}.{unknown[0]}: unknown key; accepted: "
-                                f"{', '.join(DEFAULTS)}")
+        e = unknown_key(str(unknown[0]), DEFAULTS, f"{WHERE}.{unknown[0]}")
+        raise ConversationError(e.problem, field=e.field)
     if spec.get("num_conversations") is None:
         raise ConversationError(f"{WHERE}.num_conversations: required")
     s = {**DEFAULTS, **spec}

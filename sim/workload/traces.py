@@ -24,6 +24,7 @@ exactly like the CSV it holds, with the same results and messages; a corrupt one
 from __future__ import annotations
 
 import csv
+import difflib
 import gzip
 import importlib.resources
 import io
@@ -106,9 +107,15 @@ def resolve_trace(name_or_path: str | Path, base_dir: Path | None = None) -> Pat
     path = Path(key).expanduser()
     if not path.is_absolute() and base_dir is not None:
         path = Path(base_dir) / path
+    if path.is_dir():
+        raise TraceError(f"{path}: a folder, not a trace file (give the CSV or JSONL file in it)")
+    if path.exists() and not path.is_file():
+        raise TraceError(f"{path}: not a regular file (a FIFO or device); expected a trace file")
     if not path.is_file():
         names = ", ".join(sorted(BUILTIN_TRACES))
-        raise TraceError(f"{path}: no such trace file (built-in names: {names})")
+        hint = difflib.get_close_matches(key, list(BUILTIN_TRACES), n=1)
+        extra = f"; did you mean the built-in {hint[0]!r}?" if hint else ""
+        raise TraceError(f"{path}: no such trace file (built-in names: {names}){extra}")
     return path
 
 
