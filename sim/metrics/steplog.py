@@ -37,8 +37,11 @@ def _new_columns() -> dict[str, Any]:
 
 
 def _put(col: array, values: Any, k: int) -> None:
-    """Append ``k`` values (a scalar repeated, or an array) to a typed column without boxing."""
-    if isinstance(values, np.ndarray):
+    """Append ``k`` values (a scalar repeated, an array, or a list of exactly ``k`` Python
+    numbers: a short skipped stretch's) to a typed column without boxing."""
+    if type(values) is list:
+        col.extend(values)
+    elif isinstance(values, np.ndarray):
         dtype = np.float64 if col.typecode == "d" else np.int64
         col.frombytes(np.ascontiguousarray(values[:k], dtype=dtype).tobytes())
     else:
