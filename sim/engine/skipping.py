@@ -24,7 +24,8 @@ import numpy as np
 
 from sim.core.rules import blocks_for, blocks_needed
 from sim.core.types import BatchShape, PaddingRow, Plan
-from sim.cost.base import StepSeries, step_series
+from sim.cost.base import ConstantCost, LinearCost, StepSeries, step_series
+from sim.cost.roofline import RooflineCost
 from sim.engine.drive import kv_changes_after
 
 if TYPE_CHECKING:
@@ -65,9 +66,6 @@ def decode_stepper(cost: object, rows: int
     (``sim.cost.base.AggregateCost``: bit-identical to ``step`` on such a batch, so to the
     ``step_series`` a stretch is costed with), for the built-in models; ``None`` for any other
     model and for a sliding window (whose cost needs the rows)."""
-    from sim.cost.base import ConstantCost, LinearCost
-    from sim.cost.roofline import RooflineCost
-
     kind = type(cost)
     if kind is RooflineCost:
         if cost.model.sliding_window is not None:  # type: ignore[attr-defined]
@@ -88,7 +86,7 @@ def short_stretch(rep: Replica, shape: BatchShape, k: int, now: float, limit: fl
     stretch runs on past ``SHORT_STEPS`` steps (then the numpy series costs it)."""
     ctx = shape.context_lens.tolist()
     rows = len(ctx)
-    if not rows or int(shape.new_tokens.sum()) != rows:  # every row one token
+    if not rows or sum(shape.new_tokens.tolist()) != rows:  # every row one token
         return None
     step = decode_stepper(rep.cost, rows)
     if step is None:
@@ -125,26 +123,15 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
     policies see free, the step at whose end ``next_arrival`` has come (the next request, or
     the time a driven replica is advanced to), the horizon.
     Returns ``(series, ends, computed, held, now)`` or ``None`` when there is nothing to skip:
-    numpy arrays, or for a short stretch (``short_stretch``) Python lists and, in place of
-    ``computed`` and ``held``, its ``growing_rows`` and ``None``.
+    numpy arrays, or for a stretch of at most ``SHORT_STEPS`` steps (``short_stretch``)
+    Python lists and, in place of ``computed`` and ``held``, its ``growing_rows`` and ``None``.
     """
     if next_arrival <= now or (rep.horizon_s is not None and now >= rep.horizon_s):
         return None  # stepping would stop here to take the arrival, or end at the horizon
-    running = rep.running
-    computed_, held_ = [], []
-    k = MAX_SKIP_STEPS
-    for sid in plan.run:
-        seq = running.get(sid)
-        if seq is None:
-            return None
-        generated, done = seq.num_generated, seq.num_computed
-        if seq.req.num_prompt_tokens + generated - done != 1:
-            return None  # not a decode
-        left = seq.req.num_output_tokens - generated
-        if left < k:
-            k = left
-        computed_.append(done)
-        held_.append(seq.num_blocks)
+    rows = decode_rows(rep, plan)
+    if rows is None:
+        return None
+    k, computed_, held_ = rows
     if k < 1:
         return None
     limit = min(next_arrival, rep.horizon_s if rep.horizon_s is not None else math.inf)
@@ -167,8 +154,29 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
     k = fitting_steps(rep, computed, held, k)
     if k < 1:
         return None
-    series, ends = stretch_costs(rep, shape, k, now, limit)
-    return series, ends, computed, held, now
+    series_, ends_ = stretch_costs(rep, shape, k, now, limit)
+    return series_, ends_, computed, held, now
+
+
+def decode_rows(rep: Replica, plan: Plan) -> tuple[int, list[int], list[int]] | None:
+    """``(k, computed, held)`` of ``plan``'s rows: the fewest output tokens any has left, and
+    each one's computed tokens and blocks; ``None`` unless every row is a running decode."""
+    running = rep.running
+    computed, held = [], []
+    k = MAX_SKIP_STEPS
+    for sid in plan.run:
+        seq = running.get(sid)
+        if seq is None:
+            return None
+        generated, done = seq.num_generated, seq.num_computed
+        if seq.req.num_prompt_tokens + generated - done != 1:
+            return None  # not a decode
+        left = seq.req.num_output_tokens - generated
+        if left < k:
+            k = left
+        computed.append(done)
+        held.append(seq.num_blocks)
+    return k, computed, held
 
 
 def fitting_steps(rep: Replica, computed: np.ndarray, held: np.ndarray, k: int,
@@ -314,28 +322,24 @@ def commit_skip(rep: Replica, plan: Plan, series: Any, ends: np.ndarray | list[f
         worst = float(np.diff(np.concatenate(([start], ends))).max())  # gaps as stepping sees
     running = rep.running
     batch = [running[sid] for sid in plan.run]
+    capacity = pool.config.capacity_tokens
+    leaving = []  # finished, or maybe outgrowing the cache: ``settle`` decides
+    for seq in batch:
+        seq.skip(k, end, worst)
+        if seq.status == "finished" or seq.num_computed >= capacity:  # else a no-op
+            leaving.append(seq)
+    # growth after every row's tokens (each take touches its own row and the pool only)
     if pool.config.allocator == "slab":
         for seq in batch:
-            seq.skip(k, end, worst)
             pool.grow(seq, seq.num_computed)
-    elif grow is not None:  # paged, short: only the growing rows can need a block
-        for seq in batch:
-            seq.skip(k, end, worst)
-        for i, _, _ in grow:  # in row order, as below (each take touches its own row only)
-            seq = batch[i]
+    else:  # paged: ``pool.grow`` inlined, over the growing rows only when they are known
+        for seq in (batch if grow is None else [batch[i] for i, _, _ in grow]):
             need = blocks_needed(seq.num_computed, 0, seq.num_blocks, bs)
             if need:
                 pool.take_for(seq, need)
-    else:  # paged: ``pool.grow`` inlined
-        for seq in batch:
-            seq.skip(k, end, worst)
-            need = blocks_needed(seq.num_computed, 0, seq.num_blocks, bs)
-            if need:
-                pool.take_for(seq, need)
-    settle, capacity = rep.settle, pool.config.capacity_tokens
-    for seq in batch:
-        if seq.status == "finished" or seq.num_computed >= capacity:  # else a no-op
-            settle(seq, end)
+    settle = rep.settle
+    for seq in leaving:
+        settle(seq, end)
     pad = len(plan.padding)
     rep.log.extend(rep.index, starts, seconds, n, n, pad, pad, take_arrivals(rep, starts),
                    used, series, n, kv_live_tokens=live, kv_cached_blocks=cached)
