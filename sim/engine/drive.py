@@ -232,13 +232,13 @@ def kv_used_blocks(rep: Replica, now_s: float) -> int:
     flight = rep.flight
     if flight is None or flight.step is not None or flight.skip is None:
         return used
-    from sim.engine.skipping import blocks_grown
+    from sim.engine.skipping import stretch_grown
 
     _, ends, computed, held, _ = flight.skip
     j = int(np.searchsorted(ends, now_s, side="right"))  # steps of the stretch done by now
     if j >= len(ends):
         return used
-    return used + int(blocks_grown(computed, held, rep.pool.config.block_size, j + 1)[-1])
+    return used + stretch_grown(computed, held, rep.pool.config.block_size, j + 1)
 
 
 def replica_state(rep: Replica) -> ReplicaState:

@@ -38,6 +38,9 @@ MAX_SKIP_STEPS = 2048
 #: the numpy set-up of a series (tens of calls of about a microsecond each) costs more than
 #: the steps. Both forms give the same numbers; the threshold changes speed only.
 SHORT_STEPS = 16
+#: Most (growing row, step) pairs of a short stretch whose growth is counted by the rule in
+#: Python; more go through ``blocks_grown``'s numpy combs (a dozen calls).
+GROWN_IN_PYTHON = 96
 
 
 class ShortSeries(NamedTuple):
@@ -225,11 +228,27 @@ def fitting_steps_short(rep: Replica, grow: list[tuple[int, int, int]], k: int) 
 def grown_short(grow: list[tuple[int, int, int]], block_size: int, k: int) -> list[int]:
     """``blocks_grown`` (no finishers) of a short stretch over its ``growing_rows`` (for ``k``
     steps or more): the blocks given after each of its ``k`` steps,
-    ``sum(blocks_needed(computed + j, held))``, j = 1..k."""
+    ``sum(blocks_needed(computed + j, held))``, j = 1..k; by the rule in Python for a few
+    rows and steps, else by ``blocks_grown``'s combs (integers: the same counts)."""
     if not grow:
         return [0] * k
+    if len(grow) * k > GROWN_IN_PYTHON:
+        computed = np.array([c for _, c, _ in grow], dtype=np.int64)
+        held = np.array([h for _, _, h in grow], dtype=np.int64)
+        return blocks_grown(computed, held, block_size, k).tolist()
     return [sum([blocks_needed(c + j, 0, h, block_size) for _, c, h in grow])
             for j in range(1, k + 1)]
+
+
+def stretch_grown(computed: np.ndarray | list[tuple[int, int, int]], held: np.ndarray | None,
+                  block_size: int, k: int) -> int:
+    """Blocks a skipped stretch has given by the end of its ``k``-th step, from ``plan_skip``'s
+    ``computed`` and ``held`` (a short stretch's ``growing_rows`` and ``None``)."""
+    if held is None:
+        assert isinstance(computed, list)
+        return grown_short(computed, block_size, k)[-1]
+    assert isinstance(computed, np.ndarray)
+    return int(blocks_grown(computed, held, block_size, k)[-1])
 
 
 def stretch_costs(rep: Replica, shape: BatchShape, k: int, now: float, limit: float
