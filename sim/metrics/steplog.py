@@ -31,6 +31,10 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_seqs", "num_prefill_tok
 FLOAT_COLUMNS = frozenset({"start_s", "duration_s", "flops", "bytes", "swap_s", "swapped_bytes"})
 
 
+#: A count of ``extend``: one value for every step, or one per step (an array, or a list).
+PerStep = int | np.ndarray | list[int]
+
+
 def _new_columns() -> dict[str, Any]:
     return {c: [] if c == "bound" else array("d" if c in FLOAT_COLUMNS else "q")
             for c in STEP_COLUMNS}
@@ -138,12 +142,12 @@ class StepLog:
         if self.fold_at and len(c["bound"]) >= self.fold_at:
             self.fold()
 
-    def extend(self, replica: int, starts: np.ndarray, durations: np.ndarray,
-               num_seqs: int | np.ndarray, num_decode: int | np.ndarray,
-               num_padding: int | np.ndarray, num_padding_rows: int | np.ndarray,
-               num_waiting: int | np.ndarray, kv_used: np.ndarray, series: Any,
-               regular_itl: int | np.ndarray, *, kv_live_tokens: np.ndarray | None = None,
-               kv_cached_blocks: np.ndarray | int | None = None) -> None:
+    def extend(self, replica: int, starts: np.ndarray | list[float],
+               durations: np.ndarray | list[float], num_seqs: PerStep,
+               num_decode: PerStep, num_padding: PerStep, num_padding_rows: PerStep,
+               num_waiting: PerStep, kv_used: np.ndarray | list[int], series: Any,
+               regular_itl: PerStep, *, kv_live_tokens: np.ndarray | list[int] | None = None,
+               kv_cached_blocks: PerStep | None = None) -> None:
         """Append ``len(starts)`` skipped decode steps in one go (no recompute, no swaps); each
         count is one value for every step or an array of one per step (or a list of one per
         step: a short stretch's). Column by column, without a loop over (name, value) pairs:
