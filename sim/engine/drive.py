@@ -242,10 +242,10 @@ def kv_used_blocks(rep: Replica, now_s: float) -> int:
 
         _, _, computed, held, remaining, _ = flight.skip
         return used + int(run_growth(computed, held, remaining, len(ends), bs)[j])
-    from sim.engine.skipping import blocks_grown
+    from sim.engine.skipping import stretch_grown
 
     _, _, computed, held, _ = flight.skip
-    return used + int(blocks_grown(computed, held, bs, j + 1)[-1])
+    return used + stretch_grown(computed, held, bs, j + 1)
 
 
 def replica_state(rep: Replica) -> ReplicaState:

@@ -31,17 +31,27 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_seqs", "num_prefill_tok
 FLOAT_COLUMNS = frozenset({"start_s", "duration_s", "flops", "bytes", "swap_s", "swapped_bytes"})
 
 
+#: A count of ``extend``: one value for every step, or one per step (an array, or a list).
+PerStep = int | np.ndarray | list[int]
+
+
 def _new_columns() -> dict[str, Any]:
     return {c: [] if c == "bound" else array("d" if c in FLOAT_COLUMNS else "q")
             for c in STEP_COLUMNS}
 
 
 def _put(col: array, values: Any, k: int) -> None:
-    """Append ``k`` values (a scalar repeated, or an array) to a typed column without boxing."""
-    if isinstance(values, np.ndarray):
+    """Append ``k`` values (a scalar repeated, an array, or a list of exactly ``k`` Python
+    numbers: a short skipped stretch's) to a typed column without boxing."""
+    kind = type(values)
+    if kind is int or kind is float:  # a count or zero for every step: the common case
+        col.extend(array(col.typecode, (values,)) * k)
+    elif kind is list:
+        col.extend(values)
+    elif isinstance(values, np.ndarray):
         dtype = np.float64 if col.typecode == "d" else np.int64
         col.frombytes(np.ascontiguousarray(values[:k], dtype=dtype).tobytes())
-    else:
+    else:  # another scalar (a numpy integer, say)
         col.extend(array(col.typecode, (values,)) * k)
 
 
@@ -132,28 +142,39 @@ class StepLog:
         if self.fold_at and len(c["bound"]) >= self.fold_at:
             self.fold()
 
-    def extend(self, replica: int, starts: np.ndarray, durations: np.ndarray,
-               num_seqs: int | np.ndarray, num_decode: int | np.ndarray,
-               num_padding: int | np.ndarray, num_padding_rows: int | np.ndarray,
-               num_waiting: int | np.ndarray, kv_used: np.ndarray, series: Any,
-               regular_itl: int | np.ndarray, *, kv_live_tokens: np.ndarray | None = None,
-               kv_cached_blocks: np.ndarray | int | None = None) -> None:
+    def extend(self, replica: int, starts: np.ndarray | list[float],
+               durations: np.ndarray | list[float], num_seqs: PerStep,
+               num_decode: PerStep, num_padding: PerStep, num_padding_rows: PerStep,
+               num_waiting: PerStep, kv_used: np.ndarray | list[int], series: Any,
+               regular_itl: PerStep, *, kv_live_tokens: np.ndarray | list[int] | None = None,
+               kv_cached_blocks: PerStep | None = None) -> None:
         """Append ``len(starts)`` skipped decode steps in one go (no recompute, no swaps); each
-        count is one value for every step or an array of one per step."""
+        count is one value for every step or an array of one per step (or a list of one per
+        step: a short stretch's). Column by column, without a loop over (name, value) pairs:
+        a short stretch of a few steps is logged thousands of times a run."""
         c, k = self.cols, len(starts)
-        for name, value in (
-                ("kv_live_tokens", 0 if kv_live_tokens is None else kv_live_tokens),
-                ("kv_cached_blocks", 0 if kv_cached_blocks is None else kv_cached_blocks),
-                ("num_recomputed_tokens", 0), ("swap_s", 0.0), ("swapped_bytes", 0.0),
-                ("replica", replica), ("start_s", starts), ("duration_s", durations),
-                ("num_seqs", num_seqs), ("num_prefill_tokens", 0),
-                ("num_decode_tokens", num_decode), ("num_padding_tokens", num_padding),
-                ("num_padding_rows", num_padding_rows), ("num_waiting", num_waiting),
-                ("kv_used_blocks", kv_used), ("flops", series.flops),
-                ("bytes", series.bytes), ("num_regular_itl", regular_itl)):
-            _put(c[name], value, k)
-        c["bound"].extend(series.bound[:k])
-        if self.fold_at and len(c["bound"]) >= self.fold_at:
+        put = _put
+        put(c["kv_live_tokens"], 0 if kv_live_tokens is None else kv_live_tokens, k)
+        put(c["kv_cached_blocks"], 0 if kv_cached_blocks is None else kv_cached_blocks, k)
+        put(c["num_recomputed_tokens"], 0, k)
+        put(c["swap_s"], 0.0, k)
+        put(c["swapped_bytes"], 0.0, k)
+        put(c["replica"], replica, k)
+        put(c["start_s"], starts, k)
+        put(c["duration_s"], durations, k)
+        put(c["num_seqs"], num_seqs, k)
+        put(c["num_prefill_tokens"], 0, k)
+        put(c["num_decode_tokens"], num_decode, k)
+        put(c["num_padding_tokens"], num_padding, k)
+        put(c["num_padding_rows"], num_padding_rows, k)
+        put(c["num_waiting"], num_waiting, k)
+        put(c["kv_used_blocks"], kv_used, k)
+        put(c["flops"], series.flops, k)
+        put(c["bytes"], series.bytes, k)
+        put(c["num_regular_itl"], regular_itl, k)
+        bound = c["bound"]
+        bound.extend(series.bound[:k])
+        if self.fold_at and len(bound) >= self.fold_at:
             self.fold()
 
     def __len__(self) -> int:
