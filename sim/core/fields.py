@@ -150,6 +150,34 @@ def unknown_key(key: str, known: Any, path: str) -> InputError:
     return InputError(f"unknown key{extra}; accepted: {', '.join(known)}", field=path)
 
 
+@dataclass(frozen=True)
+class Unused:
+    """A key set off its default that the composition it sits in never reads (``kv.num_blocks``
+    beside ``kv.unlimited: true``), where it was silently ignored. ``contradicts``: whoever set
+    it clearly expected an effect, so it is an error; else (a key a sweep's other runs may
+    read, ``kv.reserve_tokens`` under the paged allocator) a one-line note that it is unused."""
+
+    field: str
+    value: Any
+    why: str
+    contradicts: bool = True
+
+    def error(self, source: str | None = None) -> InputError:
+        """The ``InputError`` of a contradictory key, naming it (and ``source``)."""
+        return InputError(f"{self.value!r} has no effect: {self.why}", source=source,
+                          field=self.field)
+
+    def note(self) -> str:
+        """The one-line note of a harmless but unused key."""
+        return f"{self.field} ({self.value!r}) is not used: {self.why}"
+
+
+def set_off_default(block: Any, fields: dict[str, Any], name: str) -> bool:
+    """``block`` (a user's mapping, defaults filled in or not) gives key ``name`` a value other
+    than its default: only such a key can have been meant to change something."""
+    return isinstance(block, dict) and name in block and block[name] != fields[name].default
+
+
 def validate_fields(data: Any, fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Check mapping ``data`` against ``fields`` (nested mappings of ``Key``) and return a copy
     with every default filled in. ``prefix`` is the dotted path of ``data`` (``"kv."``)."""
