@@ -127,6 +127,20 @@ def check_flags(**flags: Any) -> None:
             raise InputError(f"expected true or false, got {flag!r}", field=name)
 
 
+def check_int(value: Any, path: str, *, bounded: bool = False) -> int:
+    """The value of an integer key as an ``int``: an integer (Python or numpy), within
+    ``MAX_INT`` unless the key has a tighter bound of its own (``bounded``: the caller checks
+    it, as ``check_value`` does a ``maximum``); a float is refused even when whole (``64.0``),
+    a bool always. The one integer rule of every key: config blocks (``check_value``), plugin
+    parameters and workload keys, from YAML and from Python alike."""
+    if not is_integer(value):
+        got = "null" if value is None else f"{type(value).__name__} {value!r}"
+        raise InputError(f"expected int, got {got}", field=path)
+    if not bounded:
+        check_int_range(int(value), path)
+    return int(value)
+
+
 def check_int_range(value: int, path: str) -> None:
     """Refuse an integer of magnitude above ``MAX_INT`` (see there), naming ``path``."""
     if abs(value) > MAX_INT:
