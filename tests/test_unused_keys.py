@@ -94,3 +94,14 @@ def test_a_sweep_of_the_cost_kind_keeps_each_kinds_keys() -> None:
     notes: list[str] = []
     _, runs = expand_runs(raw, notify=notes.append)
     assert len(runs) == 2 and notes == []
+
+
+def test_an_interval_level_without_draws_is_noted() -> None:
+    """``intervals.level`` with ``intervals.draws: 0`` drew no intervals without a word."""
+    notes: list[str] = []
+    expand_runs({**SMALL, "intervals": {"level": 0.95}}, notify=notes.append)
+    assert notes == ["intervals.level (0.95) is not used: intervals.draws is 0 (no prediction "
+                     "intervals)"]
+    notes.clear()
+    expand_runs({**SMALL, "intervals": {"level": 0.95, "draws": 4}}, notify=notes.append)
+    assert notes == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.fields import Unused, set_off_default
+from sim.experiments.intervals import INTERVAL_FIELDS
 from sim.experiments.schema import SCHEMA
 from sim.kv.config import unused_kv_keys
 
@@ -34,9 +35,20 @@ def unused_cost_keys(block: dict[str, Any]) -> list[Unused]:
             for name in names if set_off_default(block, fields, name)]
 
 
+def unused_interval_keys(block: dict[str, Any]) -> list[Unused]:
+    """``intervals.level`` without draws (``intervals.draws: 0``, no intervals): harmless, a
+    note (a sweep of ``intervals.draws`` may have runs with and without intervals)."""
+    if block.get("draws", INTERVAL_FIELDS["draws"].default) or not set_off_default(
+            block, INTERVAL_FIELDS, "level"):
+        return []
+    return [Unused("intervals.level", block["level"], "intervals.draws is 0 (no prediction "
+                   "intervals)", contradicts=False)]
+
+
 def unused_keys(config: dict[str, Any]) -> list[Unused]:
     """The keys one run's validated config sets that the run does not read."""
-    return unused_cost_keys(config["cost"]) + unused_kv_keys(config["kv"])
+    return (unused_cost_keys(config["cost"]) + unused_kv_keys(config["kv"])
+            + unused_interval_keys(config["intervals"]))
 
 
 def check_unused(configs: list[dict[str, Any]], source: str) -> list[str]:
@@ -53,4 +65,5 @@ def check_unused(configs: list[dict[str, Any]], source: str) -> list[str]:
     return [unused.note() for unused in everywhere]
 
 
-__all__ = ["COST_KIND_KEYS", "check_unused", "unused_cost_keys", "unused_keys"]
+__all__ = ["COST_KIND_KEYS", "check_unused", "unused_cost_keys", "unused_interval_keys",
+           "unused_keys"]
