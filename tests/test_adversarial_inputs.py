@@ -113,7 +113,7 @@ _SYNTH = BASE["workload"]
     ({"conversations": {"num_conversations": 3, "think_time_s": 1e308}},
      r"workload\.conversations\.think_time_s: expected a number in"),
     # #9: finite-but-huge numbers are bounded, not OverflowError
-    ({**_SYNTH, "priority": 1e308}, r"workload\.priority: must be <="),
+    ({**_SYNTH, "priority": 1e308}, r"workload\.priority: expected int, got float 1e\+308"),
     ({**_SYNTH, "priority": 10**30}, r"workload\.priority: must be <="),
     ({**_SYNTH, "arrival": {"process": "gamma", "rate": 1.0, "cv": 1e308}},
      r"workload\.arrival\.cv: must be <= 100"),
@@ -289,8 +289,8 @@ class _Aggregate(sim.ConstantCost):
      r"^kv\.max_preemptions: must be at most 2\*\*53"),
     ({"policy": {"name": "continuous", "max_num_seqs": 10**30}},
      r"^policy\.max_num_seqs: must be at most 2\*\*53"),
-    ({"policy": {"name": "continuous", "max_num_batched_tokens": 1e30}},
-     r"^policy\.max_num_batched_tokens: must be at most 2\*\*53"),
+    ({"policy": {"name": "continuous", "max_num_batched_tokens": 1e30}},  # a float: no int
+     r"^policy\.max_num_batched_tokens: expected int, got float 1e\+30$"),
     # a user's cost model: NaN, negative or infinite step times are errors, not latencies
     ({"cost": _Returns(float("nan"))}, r"^cost: _Returns\.step returned a step time of nan s"),
     ({"cost": _Returns(-1.0)}, r"^cost: _Returns\.step returned a step time of -1\.0 s"),
@@ -409,21 +409,24 @@ def test_analytic_cost_models_take_numbers_of_seconds_only(make, message):
 
 
 @pytest.mark.parametrize(("new_tokens", "context_lens", "message"), [
-    ("a", "b", r"^new_tokens: expected a 1-D list of whole token counts, got \['a'\]$"),
-    ([float("nan")], [1], r"^new_tokens: expected a 1-D list of whole token counts"),
-    ([2.5], [8], r"^new_tokens: expected a 1-D list of whole token counts, got \[2\.5\]"),
-    ([1], [None], r"^context_lens: expected a 1-D list of whole token counts"),
-    ([1], [10**30], r"^context_lens: expected a 1-D list of whole token counts"),
-    ([True], [1], r"^new_tokens: expected a 1-D list of whole token counts"),
+    ("a", "b", r"^new_tokens: expected a 1-D list of integer token counts, got \['a'\]$"),
+    ([float("nan")], [1], r"^new_tokens: expected a 1-D list of integer token counts"),
+    ([2.5], [8], r"^new_tokens: expected a 1-D list of integer token counts, got \[2\.5\]"),
+    ([1], [None], r"^context_lens: expected a 1-D list of integer token counts"),
+    ([1], [10**30], r"^context_lens: expected a 1-D list of integer token counts"),
+    ([True], [1], r"^new_tokens: expected a 1-D list of integer token counts"),
+    ([512.0, 1], [512, 900], r"^new_tokens: expected a 1-D list of integer token counts"),
 ])
 def test_step_time_takes_whole_token_counts_only(new_tokens, context_lens, message):
     """``cost.step_time`` (``BatchShape.of``): a string or NaN was a numpy ValueError, and 2.5
-    new tokens silently cost as 2."""
+    new tokens silently cost as 2; 512.0 is refused as an integer key's 64.0 is."""
     cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm")
     with pytest.raises(InputError, match=message):
         cost.step_time(new_tokens=new_tokens, context_lens=context_lens)
-    assert cost.step_time(new_tokens=[512.0, 1], context_lens=[512, 900]) == cost.step_time(
-        new_tokens=[512, 1], context_lens=[512, 900])
+    # integers only, as every integer key (``sim.core.fields.check_int``): numpy ints count
+    assert cost.step_time(new_tokens=np.array([512, 1], np.int32),
+                          context_lens=[512, 900]) == cost.step_time(new_tokens=[512, 1],
+                                                                     context_lens=[512, 900])
 
 
 # --------------------------------------------------------------------------- end to end

@@ -181,3 +181,27 @@ def test_a_report_path_that_is_a_file_is_refused_before_the_fit(tmp_path, capsys
     assert capsys.readouterr() == ("", f"batchsim: error: --report {afile}: exists and is not "
                                    "a folder (the report is a folder of report.md and plots)\n")
     assert afile.read_text() == "mine"
+
+
+def test_a_report_folder_of_the_users_files_is_refused_as_out_is(tmp_path, capsys):
+    """``--report DIR`` into a folder of the user's own files replaced their report.md; it is
+    refused before the fit by the --out guard's rule (``check_own_folder``), exit 2. A folder
+    calibrate wrote (its lock file) is reused."""
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "report.md").write_text("mine")
+    assert batchsim(["calibrate", "--gpu", "h100-sxm", "--report", str(mine)]) == 2
+    assert capsys.readouterr() == (
+        "", f"batchsim: error: --report {mine}: a folder of other files (report.md), not a "
+        "batchsim output folder; batchsim would replace files there (report.md, engine.yaml, "
+        "*.png): give a new or empty folder\n")
+    assert (mine / "report.md").read_text() == "mine"
+    from sim.experiments.outdir import OutputFolderError
+
+    with pytest.raises(OutputFolderError, match=f"--report {mine}: a folder of other files"):
+        cli_main(_args(gpu=["h100-sxm"], report=str(mine)))
+    example = MEAS / "iteration_example.csv"
+    ours = tmp_path / "ours"
+    for _ in range(2):  # the second run reuses the folder the first wrote
+        assert batchsim(["calibrate", "--data", str(example), "--report", str(ours)]) == 0
+    assert (ours / "report.md").exists()

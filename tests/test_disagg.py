@@ -174,9 +174,10 @@ def test_nothing_is_lost_and_nothing_decodes_before_its_kv_lands(rows, decode_bl
     # tiny pools on both sides: back-pressure, decode-side preemption, and requests that
     # landed but wait for a batch slot while the replica's queue head cannot fit
     reqs = [req(i, t, p, o) for i, (t, p, o) in enumerate(rows)]
+    swap = {"swap_gbps": 1.0} if preemption == "swap" else {}  # recompute refuses a bandwidth
     cl = cluster(LinearCost(base_s=0.004, per_token_s=1e-5), ConstantCost(step_s=0.003),
-                 n_p=n_p, n_d=n_d, kv_p=kv(12, preemption=preemption, swap_gbps=1.0),
-                 kv_d=kv(decode_blocks, preemption=preemption, swap_gbps=1.0))
+                 n_p=n_p, n_d=n_d, kv_p=kv(12, preemption=preemption, **swap),
+                 kv_d=kv(decode_blocks, preemption=preemption, **swap))
     cl["groups"][1]["policy"] = {"name": "continuous", "max_num_seqs": decode_seqs}
     policy = ({"name": "chunked_prefill", "token_budget": 32, "max_num_seqs": 8} if chunked
               else {"name": "continuous"})

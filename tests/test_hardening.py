@@ -196,3 +196,42 @@ def test_validating_a_million_columnar_requests_takes_milliseconds():
     cols = request_columns(arrays)
     assert time.perf_counter() - t0 < 0.5  # about 10 ms; generous for a loaded machine
     assert len(cols["id"]) == n
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize(("column", "bad", "message"), [
+    ("priority", np.array([0, 1, "high", 3], dtype=object),
+     "requests[2].priority: must be an integer within int64, got 'high'"),
+    ("priority", np.array([0, 1, 2**70, 3], dtype=object),
+     f"requests[2].priority: must be an integer within int64, got {2**70}"),
+    ("priority", np.array([0.0, 1.0, 2.5, 3.0]),
+     "requests[0].priority: must be an integer within int64, got 0.0"),
+    ("tenant", np.array(["a", None, 5, "b"], dtype=object),
+     "requests[2].tenant: must be a string or None, got 5"),
+    ("prefix_id", [None, None, 7, None], "requests[2].prefix_id: must be a string or None, got 7"),
+    ("num_prefix_tokens", np.array([0, 0, -1, 0]),
+     "requests[2].num_prefix_tokens: must be an integer >= 0, got -1"),
+])
+def test_columnar_priorities_and_labels_are_checked_as_requests_are(column, bad, message,
+                                                                   fast_path):
+    """A ``TraceArrays`` built by hand skipped the priority, prefix-length and label checks of
+    the ``Request`` path (a string priority or an int tenant ran, or failed after the run);
+    both now run ``_check_extras``, with the same message (ids are the row numbers)."""
+    import dataclasses
+
+    base = TraceArrays.from_requests([sim.Request(i, float(i), 5, 3) for i in range(4)])
+    with pytest.raises(InputError) as info:
+        sim.simulate(dataclasses.replace(base, **{column: bad}), policy="continuous",
+                     cost=sim.ConstantCost(0.1), fast_path=fast_path)
+    assert str(info.value) == message
+    rows = base.to_requests()
+    value = bad[2] if column != "priority" or message.startswith("requests[2]") else bad[0]
+    at = 2 if message.startswith("requests[2]") else 0
+    rows[at] = dataclasses.replace(rows[at], **{column: value})
+    with pytest.raises(InputError) as info:
+        sim.simulate(rows, policy="continuous", cost=sim.ConstantCost(0.1), fast_path=fast_path)
+    assert str(info.value) == message
+    # good columns of every kind still run: numpy ints of any width, string arrays
+    good = dataclasses.replace(base, priority=np.arange(4, dtype=np.uint8),
+                               tenant=np.array(["x", "y", "x", "y"]))
+    sim.simulate(good, policy="continuous", cost=sim.ConstantCost(0.1), fast_path=fast_path)

@@ -232,6 +232,6 @@ def test_numpy_numbers_are_numbers_for_policies_and_routers_as_for_every_key() -
                         "watermark": np.float32(0.25)}) == make_policy(
         {"name": "continuous", "max_num_seqs": 4, "watermark": 0.25})
     assert make_router({"name": "power_of_two", "choices": np.int32(3)}).choices == 3
-    with pytest.raises(PolicyError, match=r"^policy\.max_num_seqs: expected a number, got "
+    with pytest.raises(PolicyError, match=r"^policy\.max_num_seqs: expected int, got bool "
                        r"True$"):
         make_policy({"name": "continuous", "max_num_seqs": True})

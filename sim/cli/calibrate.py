@@ -28,6 +28,7 @@ from sim.cost.calibrate import (
 )
 from sim.cost.profiles import Calibration, GpuProfile, ProfileError, load_gpu
 from sim.cost.uncertainty import residual_quantiles
+from sim.experiments.outdir import OutputLock, check_own_folder
 from sim.experiments.results import atomic_write, write_text
 
 _ALPHA_KEYS = ("allreduce_alpha_us", "alpha_per_peer_us")
@@ -48,6 +49,10 @@ HOLDOUT_NOTE = (
     "on the other rows only.")
 
 
+#: What ``--report DIR`` writes there (the words of the guard's message).
+REPORT_FILES = "report.md, engine.yaml, *.png"
+
+
 def main(args: Any) -> int:
     """Run ``batchsim calibrate`` for parsed ``args`` (``gpu``, ``data``, ``write``, ``report``)."""
     report = getattr(args, "report", None)
@@ -55,6 +60,8 @@ def main(args: Any) -> int:
         # checked before the fit: it was "File exists", exit 1, once the fit was done
         raise CalibrationError(f"--report {report}: exists and is not a folder (the report is "
                                "a folder of report.md and plots)")
+    if report is not None:  # refused before the fit, as --out is: it replaced their report.md
+        check_own_folder(Path(report).absolute(), "--report", REPORT_FILES)
     if getattr(args, "engine_from", None):
         return _engine_main(args)
     data = Path(args.data) if getattr(args, "data", None) else None
@@ -133,11 +140,13 @@ def _iteration_main(path: Path, args: Any) -> int:
     if args.report:
         out = Path(args.report)
         out.mkdir(parents=True, exist_ok=True)
-        write_text(out / "engine.yaml", rep.engine_yaml())
-        write_text(out / "report.md", rep.table() + "\n\n![fit](iteration_fit.png)\n")
-        _scatter(out / "iteration_fit.png", f"iteration fit: {path.name}",
-                 {g: (rep.predicted_ms[rep.groups == g] / 1e3, rep.measured_ms[rep.groups == g]
-                      / 1e3, rep.heldout[rep.groups == g]) for g in dict.fromkeys(rep.groups)})
+        with OutputLock(out, "--report"):  # the lock file marks the folder as batchsim's
+            write_text(out / "engine.yaml", rep.engine_yaml())
+            write_text(out / "report.md", rep.table() + "\n\n![fit](iteration_fit.png)\n")
+            _scatter(out / "iteration_fit.png", f"iteration fit: {path.name}",
+                     {g: (rep.predicted_ms[rep.groups == g] / 1e3,
+                          rep.measured_ms[rep.groups == g] / 1e3, rep.heldout[rep.groups == g])
+                      for g in dict.fromkeys(rep.groups)})
         print(f"wrote {out / 'report.md'}")
     return 0
 
@@ -250,6 +259,12 @@ def _scatter(path: Path, title: str,
 def write_report(reports: list[CalibrationReport], out: Path) -> Path:
     """Write ``report.md`` (error table, parameters, hold-out design) and one scatter per GPU."""
     out.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out, "--report"):  # the lock file marks the folder as batchsim's
+        return _write_report(reports, out)
+
+
+def _write_report(reports: list[CalibrationReport], out: Path) -> Path:
+    """``write_report``'s files, written under the folder's lock."""
     parts = ["# Roofline calibration report", "", report_table(reports), "", HOLDOUT_NOTE, "",
              "## Fitted parameters", "", params_table(reports), ""]
     for r in reports:

@@ -127,6 +127,20 @@ def check_flags(**flags: Any) -> None:
             raise InputError(f"expected true or false, got {flag!r}", field=name)
 
 
+def check_int(value: Any, path: str, *, bounded: bool = False) -> int:
+    """The value of an integer key as an ``int``: an integer (Python or numpy), within
+    ``MAX_INT`` unless the key has a tighter bound of its own (``bounded``: the caller checks
+    it, as ``check_value`` does a ``maximum``); a float is refused even when whole (``64.0``),
+    a bool always. The one integer rule of every key: config blocks (``check_value``), plugin
+    parameters and workload keys, from YAML and from Python alike."""
+    if not is_integer(value):
+        got = "null" if value is None else f"{type(value).__name__} {value!r}"
+        raise InputError(f"expected int, got {got}", field=path)
+    if not bounded:
+        check_int_range(int(value), path)
+    return int(value)
+
+
 def check_int_range(value: int, path: str) -> None:
     """Refuse an integer of magnitude above ``MAX_INT`` (see there), naming ``path``."""
     if abs(value) > MAX_INT:
@@ -148,6 +162,34 @@ def unknown_key(key: str, known: Any, path: str) -> InputError:
     hint = difflib.get_close_matches(key, list(known), n=1)
     extra = f" (did you mean {hint[0]!r}?)" if hint else ""
     return InputError(f"unknown key{extra}; accepted: {', '.join(known)}", field=path)
+
+
+@dataclass(frozen=True)
+class Unused:
+    """A key set off its default that the composition it sits in never reads (``kv.num_blocks``
+    beside ``kv.unlimited: true``), where it was silently ignored. ``contradicts``: whoever set
+    it clearly expected an effect, so it is an error; else (a key a sweep's other runs may
+    read, ``kv.reserve_tokens`` under the paged allocator) a one-line note that it is unused."""
+
+    field: str
+    value: Any
+    why: str
+    contradicts: bool = True
+
+    def error(self, source: str | None = None) -> InputError:
+        """The ``InputError`` of a contradictory key, naming it (and ``source``)."""
+        return InputError(f"{self.value!r} has no effect: {self.why}", source=source,
+                          field=self.field)
+
+    def note(self) -> str:
+        """The one-line note of a harmless but unused key."""
+        return f"{self.field} ({self.value!r}) is not used: {self.why}"
+
+
+def set_off_default(block: Any, fields: dict[str, Any], name: str) -> bool:
+    """``block`` (a user's mapping, defaults filled in or not) gives key ``name`` a value other
+    than its default: only such a key can have been meant to change something."""
+    return isinstance(block, dict) and name in block and block[name] != fields[name].default
 
 
 def validate_fields(data: Any, fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from sim.core.errors import InputError
-from sim.core.fields import check_int_range, is_integer, is_real
+from sim.core.fields import check_int, is_integer, is_real
 
 T = TypeVar("T")
 
@@ -92,25 +92,22 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 def typed(error: type[InputError], field: str, value: Any, default: Any) -> Any:
     """``value`` checked against the type of the parameter's ``default`` (``None`` defaults and
-    mappings are left to the plugin's own validation); integers given as whole floats become
-    ``int``."""
+    mappings are left to the plugin's own validation); an integer parameter takes integers
+    only, as every integer key does (``sim.core.fields.check_int``)."""
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise error(f"expected true/false, got {value!r}", field=field)
-    elif isinstance(default, (int, float)):
+    elif isinstance(default, int):
+        try:  # ``sim.core.fields``' one integer rule: no whole floats, the kernel's range
+            return check_int(value, field)
+        except InputError as e:
+            raise error(e.problem, field=field) from None
+    elif isinstance(default, float):
         if not is_real(value):  # ``sim.core.fields``' one rule: numpy numbers count, bools not
             raise error(f"expected a number, got {value!r}", field=field)
-        value = int(value) if is_integer(value) else float(value)
+        value = int(value) if is_integer(value) else float(value)  # as given: 0 stays 0
         if isinstance(value, float) and not math.isfinite(value):
             raise error(f"must be finite, got {value!r}", field=field)
-        if isinstance(default, int):
-            if isinstance(value, float) and not value.is_integer():
-                raise error(f"expected an integer, got {value!r}", field=field)
-            try:  # the compiled kernel's integer range, as for every integer config key
-                check_int_range(int(value), field)
-            except InputError as e:
-                raise error(e.problem, field=field) from None
-            return int(value)
     elif isinstance(default, str) and not isinstance(value, str):
         raise error(f"expected a string, got {value!r}", field=field)
     return value

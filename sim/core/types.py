@@ -197,17 +197,16 @@ class BatchShape:
 
 
 def _token_counts(values: Any, name: str) -> np.ndarray:
-    """``values`` as int64 token counts; anything but whole numbers (a string, NaN, 2.5, which
-    int64 would truncate to 2) is an ``InputError`` naming ``name``."""
+    """``values`` as int64 token counts; anything but integers (a string, NaN, 2.5, which
+    int64 would truncate to 2, and 8.0, as every integer key and the request columns refuse
+    it: ``sim.core.fields.check_int``) is an ``InputError`` naming ``name``."""
     try:
         arr = np.asarray(values)
-        whole = arr.dtype.kind in "iu" or arr.size == 0 or (
-            arr.dtype.kind == "f" and bool(np.isfinite(arr).all())
-            and bool((arr == np.round(arr)).all()) and bool((np.abs(arr) < 2**53).all()))
+        whole = arr.dtype.kind in "iu" or arr.size == 0
     except (TypeError, ValueError):  # ragged nesting, objects numpy cannot hold
         whole = False
     if not whole:
-        raise InputError(f"expected a 1-D list of whole token counts, got {values!r}"[:200],
+        raise InputError(f"expected a 1-D list of integer token counts, got {values!r}"[:200],
                          field=name)
     return arr.astype(np.int64)
 

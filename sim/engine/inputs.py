@@ -137,22 +137,56 @@ def _columns_from_requests(requests: Sequence[Request]) -> dict[str, np.ndarray]
     # one past int64 failed when the requests table was built, after the whole run
     id_col = _int_column(ids, ids, "id", "must be an integer within int64")
     _check_unique(id_col)
-    _int_column(list(map(attrgetter("priority"), requests)), ids, "priority",
-                "must be an integer within int64")
-    # (a shared prefix longer than the prompt reuses at most the prompt: the engine's rule)
-    prefix = _int_column(list(map(attrgetter("num_prefix_tokens"), requests)), ids,
-                         "num_prefix_tokens", "must be an integer >= 0")
-    if (prefix < 0).any():
-        i = int(np.argmax(prefix < 0))
-        raise _fail(i, ids, "num_prefix_tokens", "must be an integer >= 0", int(prefix[i]))
-    for name in ("tenant", "prefix_id"):  # labels: text or none
-        values = list(map(attrgetter(name), requests))
-        if not {type(v) for v in values} <= {str, type(None)}:
-            i = next(i for i, v in enumerate(values) if not isinstance(v, (str, type(None))))
-            raise _fail(i, ids, name, "must be a string or None", values[i])
+    _check_extras({name: list(map(attrgetter(name), requests)) for name in _EXTRA_FIELDS},
+                  ids)
     _check_hash_ids(list(map(attrgetter("hash_ids"), requests)),
                     list(map(attrgetter("num_prefix_tokens"), requests)), cols, ids)
     return {"id": id_col, **cols}
+
+
+#: The optional fields of a request beyond its lengths, checked alike for ``Request`` lists and
+#: ``TraceArrays`` columns (``_check_extras``): int64 priorities, prefix lengths >= 0 (a shared
+#: prefix longer than the prompt reuses at most the prompt: the engine's rule), text labels.
+_EXTRA_FIELDS = ("priority", "num_prefix_tokens", "tenant", "prefix_id")
+_PRIORITY_PROBLEM = "must be an integer within int64"
+_PREFIX_PROBLEM = "must be an integer >= 0"
+_LABEL_PROBLEM = "must be a string or None"
+
+
+def _check_extras(columns: dict[str, Any], ids: Any) -> None:
+    """Raise for the first bad value of each optional field given (a list of values, or a
+    ``TraceArrays`` column: numpy integer and string columns are checked whole, others value
+    by value by the same rules)."""
+    for name in ("priority", "num_prefix_tokens"):
+        col = columns.get(name)
+        if col is None:
+            continue
+        problem = _PRIORITY_PROBLEM if name == "priority" else _PREFIX_PROBLEM
+        ints = _int_values(col, ids, name, problem)
+        if name == "num_prefix_tokens" and (ints < 0).any():
+            i = int(np.argmax(ints < 0))
+            raise _fail(i, ids, name, problem, int(ints[i]))
+    for name in ("tenant", "prefix_id"):  # labels: text or none
+        col = columns.get(name)
+        if col is None or (isinstance(col, np.ndarray) and col.dtype.kind == "U"):
+            continue
+        values = col  # an object column iterates its objects as a list does (no copy)
+        if not set(map(type, values)) <= {str, type(None)}:
+            i = next(i for i, v in enumerate(values) if not isinstance(v, (str, type(None))))
+            raise _fail(i, ids, name, _LABEL_PROBLEM, values[i])
+
+
+def _int_values(col: Any, ids: Any, field: str, problem: str) -> np.ndarray:
+    """``col`` (a list, or a numpy column checked whole when its dtype is an integer one) as
+    int64 values by ``_int_column``'s rule: integers (numpy's count; bools and floats, whole
+    or not, do not) within int64."""
+    if not isinstance(col, np.ndarray):
+        return _int_column(col, ids, field, problem)
+    if col.dtype.kind == "i":
+        return col.astype(np.int64, copy=False)
+    if col.dtype.kind == "u" and (not col.size or int(col.max()) < 2**63):
+        return col.astype(np.int64, copy=False)
+    return _int_column(col.tolist(), ids, field, problem)
 
 
 def _int_column(values: list[Any], ids: Any, field: str, problem: str) -> np.ndarray:
@@ -206,6 +240,19 @@ def _columns_from_arrays(trace: TraceArrays) -> dict[str, np.ndarray]:
         col = col.astype(np.int64, copy=False)
         _check_tokens(col, name, col, None)
         cols[name] = col
+    extras = {}
+    for name in _EXTRA_FIELDS:  # the Request path's checks, one column at a time
+        col = getattr(trace, name)
+        if col is None:
+            continue
+        if not isinstance(col, np.ndarray):  # a list; labels as objects: [5, 'a'] would
+            # become the strings '5', 'a'
+            col = np.asarray(col, dtype=object if name in ("tenant", "prefix_id") else None)
+        if col.shape != (n,):
+            raise InputError(f"must have one value per request ({n}), got shape {col.shape}",
+                             field=name)
+        extras[name] = col
+    _check_extras(extras, None)
     if trace.hash_ids is not None:
         hids = np.asarray(trace.hash_ids, dtype=object)
         if hids.shape != (n,):

@@ -31,6 +31,7 @@ from sim.experiments.overrides import (
     set_dotted,
 )
 from sim.experiments.schema import SCHEMA
+from sim.experiments.unused import check_unused
 from sim.experiments.yaml_strict import StrictLoader
 
 __all__ = ["ConfigError", "RunSpec", "config_path", "expand_runs", "load_yaml", "parse_override",
@@ -276,6 +277,13 @@ def expand_runs(raw: dict[str, Any],
             cfg.pop("zip", None)
             cfg.pop("policies", None)
             runs.append(RunSpec(cfg, combo, label))
+    try:
+        unused = check_unused([r.config for r in runs], source)
+    except InputError as e:
+        raise ConfigError(e.problem, source=e.source, field=e.field) from None
+    if notify is not None:
+        for note in unused:
+            notify(note)
     given = (data.get("parallelism") or {}).get("replicas")
     if notify is not None and given is not None and any(r.config.get("cluster") for r in runs):
         notify(f"parallelism.replicas ({given}) is not used by the runs with a cluster block: "

@@ -81,9 +81,10 @@ def output_folder(out: str | Path | None, name: Any, source: str, suffix: str = 
     return path
 
 
-def check_own_folder(path: Path) -> None:
+def check_own_folder(path: Path, flag: str = "--out",
+                     writes: str = "summary.csv, report.md, plots/...") -> None:
     """Refuse an existing, non-empty folder that batchsim did not write: it would replace the
-    user's files of its names there (``summary.csv``, ``report.md``, ``plots/*.png``...).
+    user's files of its names there (``writes``; ``flag`` is the option that named it).
     batchsim's own folders hold the lock file every writing command creates, or (folders
     older than the lock) a ``runs/`` or ``probes/`` folder; one of hidden files only counts as
     empty."""
@@ -95,10 +96,9 @@ def check_own_folder(path: Path) -> None:
                                         4))
     if names:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        raise OutputFolderError(f"--out {path}: a folder of other files ({shown}), not a "
+        raise OutputFolderError(f"{flag} {path}: a folder of other files ({shown}), not a "
                                 "batchsim output folder; batchsim would replace files there "
-                                "(summary.csv, report.md, plots/...): give a new or empty "
-                                "folder")
+                                f"({writes}): give a new or empty folder")
 
 
 class OutputLock:
@@ -107,8 +107,9 @@ class OutputLock:
     killed command never leaves a stale lock; the file records the holder's pid for the
     message."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, flag: str = "--out") -> None:
         self.path = folder / LOCK_NAME
+        self.flag = flag
         self.fd: int | None = None
 
     def __enter__(self) -> OutputLock:
@@ -121,7 +122,7 @@ class OutputLock:
         except OSError as e:
             if e.errno not in _UNUSABLE:
                 raise
-            raise OutputFolderError(f"--out {self.path.parent}: cannot create its lock file: "
+            raise OutputFolderError(f"{self.flag} {self.path.parent}: cannot create its lock file: "
                                     f"{e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -133,8 +134,9 @@ class OutputLock:
             holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
             os.close(fd)
             raise OutputFolderError(
-                f"--out {self.path.parent}: another batchsim command (pid {holder}) is writing "
-                "into this folder; wait for it to finish or choose another --out") from None
+                f"{self.flag} {self.path.parent}: another batchsim command (pid {holder}) is "
+                f"writing into this folder; wait for it to finish or choose another {self.flag}"
+                ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd

@@ -25,6 +25,7 @@ from sim.cost.base import ConstantCost, CostModel, LinearCost
 from sim.engine.simulate import SimResult
 from sim.experiments.results import atomic_write, write_json, write_table, write_text
 from sim.experiments.run_progress import RunProgress
+from sim.kv.config import unused_kv_keys
 
 
 def run_id(config: dict[str, Any]) -> str:
@@ -153,11 +154,14 @@ def group_defaults(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def kv_spec(config: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``kv`` argument of ``simulate`` (``None`` = unlimited)."""
+    """The ``kv`` argument of ``simulate`` (``None`` = unlimited), less the keys this run does
+    not read (``unused_kv_keys``: an experiment refuses those no run reads; a sweep's other
+    runs read the rest)."""
     kv = dict(config["kv"])
     if kv.pop("unlimited"):
         return None
-    return {k: v for k, v in kv.items() if v is not None}
+    unused = {u.field.removeprefix("kv.") for u in unused_kv_keys(config["kv"])}
+    return {k: v for k, v in kv.items() if v is not None and k not in unused}
 
 
 def build_requests(config: dict[str, Any], base_dir: Path | None) -> list[Request]:

@@ -8,12 +8,24 @@ user left out (block count from HBM, swap bandwidth from PCIe) from the cost mod
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import InputError
-from sim.core.fields import INT, MIN_GBPS, NUM, OPT, STR, Key, check_value, validate_fields
+from sim.core.fields import (
+    INT,
+    MIN_GBPS,
+    NUM,
+    OPT,
+    STR,
+    Key,
+    Unused,
+    check_value,
+    set_off_default,
+    validate_fields,
+)
 from sim.cost.base import KVSizedCost
 
 #: Blocks given to an "unlimited" cache: large enough never to bind, small enough for int64 math.
@@ -66,6 +78,55 @@ KV_FIELDS: dict[str, Key] = {
 
 def _default(name: str) -> Any:
     return KV_FIELDS[name].default
+
+
+def unused_kv_keys(block: Mapping[str, Any]) -> list[Unused]:
+    """The keys of a ``kv`` block (defaults filled in or not) that its composition never reads:
+    every key beside ``unlimited: true`` (it drops them all), a slab key without the slab
+    allocator or its reserve, ``swap_gbps`` without swap preemption, and the HBM keys beside an
+    explicit ``num_blocks``. The slab and swap keys are harmless (notes: a loop or sweep over
+    the allocator or preemption mode keeps them); the others contradict what is set beside
+    them (errors)."""
+    block = dict(block)
+
+    def get(name: str) -> Any:
+        return block.get(name, _default(name))
+
+    given = [name for name in KV_FIELDS if set_off_default(block, KV_FIELDS, name)]
+    if get("unlimited"):
+        return [Unused(f"kv.{name}", block[name], "kv.unlimited: true ignores KV capacity and "
+                       "every other kv key; drop one of them") for name in given
+                if name != "unlimited"]
+    slab = get("allocator") == "slab"
+    reserve = get("slab_reserve")
+    read_by = {  # key: (read here?, what reads it, contradictory?)
+        "slab_reserve": (slab, "only kv.allocator: slab reads it", False),
+        "reserve_tokens": (slab and reserve == "max_model_len", "only kv.allocator: slab with "
+                           "kv.slab_reserve: max_model_len reads it", False),
+        "max_output_tokens": (slab and reserve == "prompt_plus_max_output", "only kv.allocator: "
+                              "slab with kv.slab_reserve: prompt_plus_max_output reads it",
+                              False),
+        "swap_gbps": (get("preemption") == "swap", "only kv.preemption: swap reads it", False),
+        "gpu_memory_utilization": (get("num_blocks") is None, "kv.num_blocks sets the capacity "
+                                   "it would derive from HBM; drop one of them", True),
+        "activation_reserve_gb": (get("num_blocks") is None, "kv.num_blocks sets the capacity "
+                                  "it would derive from HBM; drop one of them", True),
+    }
+    return [Unused(f"kv.{name}", block[name], read_by[name][1], read_by[name][2])
+            for name in given if name in read_by and not read_by[name][0]]
+
+
+def check_kv_keys(block: Mapping[str, Any]) -> None:
+    """Refuse the first contradictory key of ``unused_kv_keys`` and note the others (a
+    ``UserWarning``, one line on stderr): ``sim.simulate``'s check of its ``kv`` argument, one
+    run's worth of an experiment's (``sim.experiments.unused``; ``kv_spec`` leaves out what a
+    run does not read, so a sweep's runs are not noted one by one)."""
+    unused = unused_kv_keys(block)
+    for key in unused:
+        if key.contradicts:
+            raise key.error()
+    for key in unused:
+        warnings.warn(key.note(), UserWarning, stacklevel=4)
 
 
 @dataclass(frozen=True)
@@ -157,6 +218,7 @@ def resolve_kv(kv: Mapping[str, Any] | KVConfig | str | None, cost: Any) -> KVCo
         raise InputError(f"expected a mapping, a KVConfig or None, got {type(kv).__name__}",
                          field="kv")
     block = validate_fields(dict(kv), KV_FIELDS, "kv.")
+    check_kv_keys(kv)
     if block["unlimited"]:
         return KVConfig(num_blocks=UNLIMITED_BLOCKS, unlimited=True)
     num_blocks = block["num_blocks"]

@@ -29,7 +29,7 @@ import numpy as np
 from sim.core.arrays import TraceArrays, tuple_column
 from sim.core.blocks import HASH_BLOCK_TOKENS
 from sim.core.errors import InputError
-from sim.core.fields import is_real, unknown_key
+from sim.core.fields import check_int, is_real, unknown_key
 from sim.core.types import Request
 from sim.workload import synthetic
 from sim.workload.limits import MAX_CV, MAX_PRIORITY, MAX_RATE, MAX_REQUESTS, MAX_SIGMA, MIN_CV
@@ -113,12 +113,13 @@ class _Spec:
             if required:
                 raise WorkloadError(f"{self.key(k)}: required")
             return default
-        ok = is_real(v) and math.isfinite(v)  # ``sim.core.fields``' rule: numpy counts
-        if integer:
-            ok = ok and float(v).is_integer()
-        if not ok:
-            kind = "an integer" if integer else "a finite number"
-            raise WorkloadError(f"{self.key(k)}: must be {kind}, got {v!r}")
+        if integer:  # ``sim.core.fields``' one integer rule: 64.0 is refused as everywhere
+            try:
+                v = check_int(v, self.key(k), bounded=hi is not None)
+            except InputError as e:
+                raise WorkloadError(e.problem, field=e.field) from None
+        elif not (is_real(v) and math.isfinite(v)):  # the same rule: numpy counts
+            raise WorkloadError(f"{self.key(k)}: must be a finite number, got {v!r}")
         if lo is not None and (v <= lo if lo_open else v < lo):
             raise WorkloadError(f"{self.key(k)}: must be {'>' if lo_open else '>='} {lo:g}, "
                                 f"got {v!r}")

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from sim.core.errors import InputError
-from sim.core.fields import unknown_key
+from sim.core.fields import is_integer, is_real, unknown_key
 from sim.core.types import Request
 from sim.workload import synthetic
 from sim.workload.limits import MAX_RATE, MAX_REQUESTS, MAX_SIGMA
@@ -61,19 +61,18 @@ def _most(spec: Any, key: str, hi: int) -> int:
     where = f"{WHERE}.{key}"
     if isinstance(spec, bool):
         raise ConversationError(f"{where}: expected a length, got {spec!r}")
-    if isinstance(spec, int):
+    if is_integer(spec):  # ``sim.core.fields``' integer rule: numpy counts, 64.0 does not
         if not 1 <= spec <= hi:
             raise ConversationError(f"{where}: must be in [1, {hi:,}], got {spec}")
-        return spec
-    if isinstance(spec, list | tuple) and len(spec) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in spec):
+        return int(spec)
+    if isinstance(spec, list | tuple) and len(spec) == 2 and all(is_integer(v) for v in spec):
         if not 1 <= spec[0] <= spec[1] <= hi:
             raise ConversationError(f"{where}: [lo, hi] needs 1 <= lo <= hi <= {hi:,}, got "
                                     f"{list(spec)}")
         return int(spec[1])
     if isinstance(spec, Mapping) and set(spec) in ({"mean", "sigma"}, {"median", "sigma"}):
         for name, value in spec.items():
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            ok = is_real(value)
             low, top = (0, MAX_SIGMA) if name == "sigma" else (0, hi)
             # sigma may be 0 (every draw the median); a mean or median must be > 0
             if not ok or not (low <= value if name == "sigma" else low < value) or value > top:
@@ -89,8 +88,8 @@ def _lengths(spec: Any, key: str, size: int, rng: np.random.Generator,
              hi: int = MAX_TOKENS) -> np.ndarray:
     """``size`` counts in ``[1, hi]`` drawn from one length spec (checked by ``_most``)."""
     _most(spec, key, hi)
-    if isinstance(spec, int):
-        return synthetic.fixed(spec, size)
+    if is_integer(spec):
+        return synthetic.fixed(int(spec), size)
     if isinstance(spec, list | tuple):
         return synthetic.uniform(int(spec[0]), int(spec[1]), size, rng)
     values = synthetic.lognormal(size, rng, sigma=float(spec["sigma"]),
@@ -101,7 +100,7 @@ def _lengths(spec: Any, key: str, size: int, rng: np.random.Generator,
 def _positive(spec: Mapping[str, Any], key: str, hi: float, integer: bool = False) -> float:
     """``spec[key]``: a number (an integer if ``integer``) in ``(0, hi]``."""
     v = spec[key]
-    ok = isinstance(v, int if integer else int | float) and not isinstance(v, bool)
+    ok = is_integer(v) if integer else is_real(v)  # ``sim.core.fields``' rules
     if not ok or not 0 < v <= hi:
         kind = "an integer" if integer else "a number"
         raise ConversationError(f"{WHERE}.{key}: expected {kind} in (0, {hi:,.0f}], got {v!r}")
