@@ -1,9 +1,8 @@
-"""Short stretches and stretches through finishes (``sim.engine.drop_skip``): exact.
+"""Short stretches (``sim.engine.skipping.short_stretch``): exact.
 
-A steady plan that says ``on_finish="drop"`` runs on past its finishes within one short
-stretch, and a short stretch is costed and committed in Python scalars; every table must come
-out bit for bit as when every step is its own event, and the stretches must actually be
-taken through finishes (else the test proves nothing).
+A stretch of at most ``SHORT_STEPS`` steps is costed and committed in Python scalars; every
+table must come out bit for bit as when every step is its own event, and short stretches
+must actually be taken (else the test proves nothing).
 """
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import pytest
 
 import sim
 from sim.cost.base import LinearCost
-from sim.engine import drop_skip
+from sim.engine import skipping
 from sim.workload.build import build_workload_arrays
 
 ROOFLINE = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engine="vllm")
@@ -31,21 +30,21 @@ def _tables(res: sim.SimResult) -> tuple[str, str, str]:
     (LinearCost(0.01, 2e-5, 1e-4), {"block_size": 16, "num_blocks": 3000}),
 ])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_skipping_through_finishes_equals_stepping(cost: object, kv: dict, seed: int,
+def test_short_stretches_equal_stepping(cost: object, kv: dict, seed: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     spec = {"arrival": {"process": "poisson", "rate": 12.0}, "num_requests": 250,
             "lengths": {"dist": "empirical", "trace": "azure-conv"}}
     arrays = build_workload_arrays(spec, np.random.default_rng(seed))
     taken = []
-    plan_through = drop_skip.plan_through
+    short_stretch = skipping.short_stretch
 
     def counted(*args: object) -> object:
-        out = plan_through(*args)  # type: ignore[arg-type]
-        if out is not None and any(left < len(out[1]) for left in out[2].lefts):
-            taken.append(1)  # a stretch that went on past a finish
+        out = short_stretch(*args)  # type: ignore[arg-type]
+        if out is not None:
+            taken.append(len(out[1]))  # a stretch costed in Python scalars
         return out
 
-    monkeypatch.setattr(drop_skip, "plan_through", counted)
+    monkeypatch.setattr(skipping, "short_stretch", counted)
     skipped = sim.simulate(arrays, policy=CHUNKED, cost=cost, kv=kv, fast_path=False,
                            checks=True)
     stepped = sim.simulate(arrays, policy=CHUNKED, cost=cost, kv=kv, fast_path=False,

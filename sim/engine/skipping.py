@@ -26,7 +26,6 @@ from sim.core.rules import blocks_for, blocks_needed
 from sim.core.types import BatchShape, PaddingRow, Plan
 from sim.cost.base import ConstantCost, LinearCost, StepSeries, step_series
 from sim.cost.roofline import RooflineCost
-from sim.engine import drop_skip
 from sim.engine.drive import kv_changes_after
 
 if TYPE_CHECKING:
@@ -128,22 +127,17 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
     the time a driven replica is advanced to), the horizon.
     Returns ``(series, ends, computed, held, now)`` or ``None`` when there is nothing to skip:
     numpy arrays, or for a stretch of at most ``SHORT_STEPS`` steps (``short_stretch``)
-    Python lists and, in place of ``computed`` and ``held``, its ``growing_rows`` and ``None``
-    (or, for a stretch through finishes, ``drop_skip.plan_through``'s ``Through`` and ``None``).
+    Python lists and, in place of ``computed`` and ``held``, its ``growing_rows`` and ``None``.
     """
     if next_arrival <= now or (rep.horizon_s is not None and now >= rep.horizon_s):
         return None  # stepping would stop here to take the arrival, or end at the horizon
     rows = decode_rows(rep, plan)
     if rows is None:
         return None
-    k, computed_, held_, lefts = rows
+    k, computed_, held_ = rows
     if k < 1:
         return None
     limit = min(next_arrival, rep.horizon_s if rep.horizon_s is not None else math.inf)
-    if k <= SHORT_STEPS and drop_skip.eligible(rep, plan):  # a finish within reach
-        through = drop_skip.plan_through(rep, plan, shape, computed_, held_, lefts, now, limit)
-        if through is not None:
-            return through[0], through[1], through[2], None, now
     # The steps up to the limit cost the same however many fit: cost the short stretch
     # first, then cut it where the KV growth stops fitting (``fitting_steps``' answer for
     # the shorter stretch is the smaller of the two counts, its need being monotone).
@@ -168,12 +162,11 @@ def plan_skip(rep: Replica, plan: Plan, shape: BatchShape, now: float, next_arri
 
 
 def decode_rows(rep: Replica, plan: Plan
-                ) -> tuple[int, list[int], list[int], list[int]] | None:
-    """``(k, computed, held, lefts)`` of ``plan``'s rows: the fewest output tokens any has
-    left, and each one's computed tokens, blocks and output tokens left; ``None`` unless
-    every row is a running decode."""
+                ) -> tuple[int, list[int], list[int]] | None:
+    """``(k, computed, held)`` of ``plan``'s rows: the fewest output tokens any has left, and
+    each one's computed tokens and blocks; ``None`` unless every row is a running decode."""
     running = rep.running
-    computed, held, lefts = [], [], []
+    computed, held = [], []
     k = MAX_SKIP_STEPS
     for sid in plan.run:
         seq = running.get(sid)
@@ -187,8 +180,7 @@ def decode_rows(rep: Replica, plan: Plan
             k = left
         computed.append(done)
         held.append(seq.num_blocks)
-        lefts.append(left)
-    return k, computed, held, lefts
+    return k, computed, held
 
 
 def fitting_steps(rep: Replica, computed: np.ndarray, held: np.ndarray, k: int,
@@ -253,8 +245,6 @@ def stretch_grown(computed: np.ndarray | list[tuple[int, int, int]], held: np.nd
                   block_size: int, k: int) -> int:
     """Blocks a skipped stretch has given by the end of its ``k``-th step, from ``plan_skip``'s
     ``computed`` and ``held`` (a short stretch's ``growing_rows`` and ``None``)."""
-    if type(computed) is drop_skip.Through:  # its blocks held net of finishers' releases
-        return computed.held[k - 1]
     if held is None:
         assert isinstance(computed, list)
         return grown_short(computed, block_size, k)[-1]
@@ -306,11 +296,7 @@ def commit_skip(rep: Replica, plan: Plan, series: Any, ends: np.ndarray | list[f
                 start: float) -> None:
     """Apply ``len(ends)`` identical decode steps at once and log each of them (the per-step
     columns in numpy, or in Python lists for a short stretch, whose ``computed`` is then its
-    ``growing_rows``: the same numbers; a stretch through finishes: ``drop_skip``)."""
-    if type(computed) is drop_skip.Through:
-        assert isinstance(ends, list)
-        drop_skip.commit_through(rep, plan, series, ends, computed, start)
-        return
+    ``growing_rows``: the same numbers)."""
     k = len(ends)
     pool = rep.pool
     bs = pool.config.block_size
