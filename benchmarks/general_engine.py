@@ -91,6 +91,9 @@ def main() -> None:
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     engine = getattr(res, "engine", "general")  # older checkouts do not name it
+    engine += "/" + getattr(res, "step_engine", "python")
+    if getattr(res, "step_engine_reason", ""):
+        print("steps:", res.step_engine_reason)
     print(f"{args.policy} n={args.size} sim={Path(sim.__file__).parent} engine={engine} "
           f"cpu_s={cpu:.2f} wall_s={wall:.2f} steps={res.summary['num_steps']} "
           f"peak_rss_mb={rss_mb:.0f} tables={digest}")

@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "dc6abca7bf6d55cc95b3cf17c0e0450e98101f286eed62ff082cfa3f0269c5bf"
+LOOP_SHA256 = "d6b982d4d51351d4d6678980c1f12abe5e9215c3bc27b7cc20d69ccc8724dd8d"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

@@ -37,6 +37,7 @@ from sim.engine.compiled_plan import (
     RF_MAX_ITL,
     RI_BLOCKS,
     RI_COMPUTED,
+    RI_DONE,
     RI_ENTRY,
     RI_GENERATED,
     RI_MAX_HELD,
@@ -53,9 +54,11 @@ from sim.engine.compiled_plan import (
 from sim.engine.compiled_queue import order_key, push
 from sim.engine.compiled_skip import steady_stretch
 from sim.engine.compiled_slots import (
+    BY_POLICY,
     DONE,
     FINISHED,
     IDLE,
+    INVALID,
     IRR_FULL,
     L_BYTES,
     L_DECODE,
@@ -118,7 +121,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "0b07b3f85ab9f19df44cc9b7ab96d4406fef5eb3b0633214e67d148d0200432b"
+RULES_SHA256 = "5cb9ca8596d80138e5922cc9779ba72f7f0d7a6937c6b160f3359dfc9004485a"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",
@@ -134,6 +137,8 @@ def rules_sha256(sources: tuple[str, ...] = RULE_SOURCES) -> str:
         digest.update((root / name).read_bytes())
     return digest.hexdigest()
 
+
+_BIG = 1 << 62  # steps: no allowance
 
 #: What a compiled function of another module that calls ``run`` compiles in (its own cache
 #: does not notice a change here either: ``compiled_drive.LOOP_SHA256`` pins them).
@@ -174,6 +179,15 @@ def _requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
              pending: np.ndarray, now: float) -> None:
     """``_preempt`` (recompute): drop ``v``'s KV and queue it first (the newest preempted
     leads), or reject it past ``kv.max_preemptions``."""
+    if drop_kv(req_i, req_f, v, st_i, params_i, now):
+        requeue(req_i, req_f, v, st_i, params_i, hkeys, hranks, hitems, pending)
+
+
+@njit(**KERNEL)
+def drop_kv(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
+            params_i: np.ndarray, now: float) -> bool:
+    """The first half of ``_preempt`` (recompute): drop ``v``'s KV; past
+    ``kv.max_preemptions`` reject it (False), else it is to be queued again (True)."""
     st_i[S_LIVE] -= req_i[v, RI_COMPUTED]
     req_i[v, RI_COMPUTED] = 0
     st_i[S_USED] -= req_i[v, RI_BLOCKS]
@@ -184,8 +198,15 @@ def _requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
         req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, PREEMPTED_TOO_OFTEN
         req_f[v, RF_FINISH] = now
         settled(req_i, st_i, params_i, v)
-        return
-    requeue(req_i, req_f, v, st_i, params_i, hkeys, hranks, hitems, pending)
+        return False
+    return True
+
+
+@njit(**KERNEL)
+def mark_requeued(req_i: np.ndarray, v: int) -> None:
+    """``Seq.preempt``'s counters: one preemption more, waiting again."""
+    req_i[v, RI_NPRE] += 1
+    req_i[v, RI_STATUS] = WAITING
 
 
 @njit(**KERNEL)
@@ -195,8 +216,7 @@ def requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
     """Queue ``v``, whose KV was just dropped, as the newest preempted request (first in the
     queue); a recompute over a whole-prompt budget is rejected by the next plan, as the
     reference does."""
-    req_i[v, RI_NPRE] += 1
-    req_i[v, RI_STATUS] = WAITING
+    mark_requeued(req_i, v)
     unc = req_i[v, RI_PROMPT] + req_i[v, RI_GENERATED]
     if params_i[P_WHOLE] and unc > params_i[P_MAX_TOKENS]:
         pending[st_i[S_N_PENDING]] = v
@@ -222,6 +242,142 @@ def _keep_running(req_i: np.ndarray, running: np.ndarray, n_run: int) -> int:
 
 
 @njit(**KERNEL)
+def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, params_i, analytic,  # noqa: ANN001, ANN201, C901
+              terms, dense, log_i, log_f, log_b, irr, irr_count, st_i, st_f):
+    """Carry out the plan of ``n_plan`` rows in ``plan_idx``/``plan_n`` at the clock, its
+    preemptions done: ``_launch`` (admit, grow the KV, the batch's reductions), the step's
+    cost, ``_commit`` and ``settle``, and ``StepLog.record`` (the queue it logs is
+    ``S_N_HEAP`` + ``S_N_PENDING``, as the plan left them); the clock moves to the step's
+    end. Returns the running count, and whether the step admitted a request, saw one leave
+    and computed prefill tokens."""
+    bs, num_blocks, capacity = params_i[P_BS], params_i[P_NUM_BLOCKS], params_i[P_CAPACITY]
+    kind, layers, tp = params_i[P_COST], params_i[P_LAYERS], params_i[P_TP]
+    hold = params_i[P_HOLD] != 0  # finished requests keep their KV (``settled``)
+    n_log, n_irr = st_i[S_N_LOG], st_i[S_N_IRR]
+    now = st_f[SF_NOW]
+    used = st_i[S_USED]
+    num_prefill = num_decode = recomputed = 0
+    tokens = n_dec = kv_dec = pairs_all = kv_all = 0
+    c_lo = c_hi = 0
+    admitted = False
+    brought = 0  # computed tokens the admitted requests bring (their KV was sent here)
+    for k in range(n_plan):
+        i, n = plan_idx[k], plan_n[k]
+        if req_i[i, RI_STATUS] != RUNNING:  # admitted: joins the batch
+            admitted = True
+            brought += req_i[i, RI_COMPUTED]
+            req_i[i, RI_STATUS] = RUNNING
+            if req_f[i, RF_FIRST_SCHED] != req_f[i, RF_FIRST_SCHED]:
+                req_f[i, RF_FIRST_SCHED] = now
+            running[n_run] = i
+            n_run += 1
+        c = req_i[i, RI_COMPUTED]
+        target = c + n
+        if req_i[i, RI_MAX_HELD] > c:
+            recomputed += min(target, req_i[i, RI_MAX_HELD]) - c
+        need = blocks_needed(target, 0, req_i[i, RI_BLOCKS], bs)
+        req_i[i, RI_BLOCKS] += need
+        used += need
+        gen = req_i[i, RI_GENERATED]
+        if gen and req_i[i, RI_PROMPT] + gen - c == 1:
+            num_decode += 1
+        else:
+            num_prefill += n
+        # the batch's reductions (``RooflineCost._attention``)
+        tokens += n
+        if n == 1:
+            n_dec += 1
+            kv_dec += target
+        pairs_all += n * target - (n * n - n) // 2
+        kv_all += target
+        if k == 0 or target < c_lo:
+            c_lo = target
+        if k == 0 or target > c_hi:
+            c_hi = target
+    st_i[S_USED] = used
+    worst = peak_eff = 0.0
+    if kind == ROOFLINE and tokens != n_plan:  # the slowest prefill unit
+        peak_eff = prefill_peak_eff(terms, tokens - n_dec, n_plan - n_dec)
+        first = True
+        for k in range(n_plan):
+            n = plan_n[k]
+            if n != 1:
+                target = req_i[plan_idx[k], RI_COMPUTED] + n
+                u = prefill_unit_s(terms, n, n * target - (n * n - n) // 2, target,
+                                   peak_eff)
+                if first or u > worst:
+                    worst, first = u, False
+    secs, flops, nbytes, bound = step_cost(
+        kind, analytic, terms, dense, layers, tp, n_plan, tokens, n_dec,
+        kv_dec, pairs_all, kv_all, c_lo, c_hi, worst, peak_eff)
+    end = now + secs
+    # -- ``_commit``: computed tokens catch up, tokens sampled; then ``settle``: finished
+    # requests leave, a context that outgrew the cache too (what the step held and the
+    # live tokens are logged as they were before anyone left) -------------------------
+    regular = 0
+    live = st_i[S_LIVE] + brought + tokens  # tokens whose KV the running requests hold
+    logged_live = live
+    left = False
+    for k in range(n_plan):
+        i, n = plan_idx[k], plan_n[k]
+        c = req_i[i, RI_COMPUTED] + n
+        req_i[i, RI_COMPUTED] = c
+        if c > req_i[i, RI_MAX_HELD]:
+            req_i[i, RI_MAX_HELD] = c
+        gen = req_i[i, RI_GENERATED]
+        if c >= req_i[i, RI_PROMPT] + gen:  # caught up: a token is sampled
+            gen += 1
+            req_i[i, RI_GENERATED] = gen
+            last = req_f[i, RF_LAST_TOKEN]
+            req_f[i, RF_LAST_TOKEN] = end
+            if gen >= req_i[i, RI_OUT]:
+                req_i[i, RI_STATUS] = FINISHED
+                req_f[i, RF_FINISH] = end
+            if gen == 1:
+                req_f[i, RF_FIRST_TOKEN] = end
+            else:
+                gap = end - last
+                if gap > req_f[i, RF_MAX_ITL]:
+                    req_f[i, RF_MAX_ITL] = gap
+                if last == now:
+                    regular += 1
+                else:
+                    n_irr = _irregular(irr, irr_count, n_irr, end, gap)
+        if req_i[i, RI_STATUS] == FINISHED:
+            if not hold:  # else held until its KV has been sent
+                used -= req_i[i, RI_BLOCKS]
+                req_i[i, RI_BLOCKS] = 0
+            live -= c
+            left = True
+            settled(req_i, st_i, params_i, i)
+        elif c >= capacity and (req_i[i, RI_PROMPT] + gen - c == 1
+                                and blocks_for(c + 1, bs) > num_blocks):
+            used -= req_i[i, RI_BLOCKS]
+            req_i[i, RI_BLOCKS] = 0
+            req_i[i, RI_COMPUTED] = 0
+            live -= c
+            req_i[i, RI_STATUS], req_i[i, RI_REASON] = REJECTED, OUTGREW
+            req_f[i, RF_FINISH] = end
+            left = True
+            settled(req_i, st_i, params_i, i)
+    if left:
+        n_run = _keep_running(req_i, running, n_run)
+    # -- ``StepLog.record`` --------------------------------------------------------------
+    log_i[n_log, L_SEQS], log_i[n_log, L_PREFILL] = n_plan, num_prefill
+    log_i[n_log, L_DECODE], log_i[n_log, L_RECOMPUTED] = num_decode, recomputed
+    log_i[n_log, L_WAITING] = st_i[S_N_HEAP] + st_i[S_N_PENDING]
+    log_i[n_log, L_USED], log_i[n_log, L_REGULAR] = st_i[S_USED], regular
+    log_i[n_log, L_LIVE] = logged_live
+    log_f[n_log, L_START], log_f[n_log, L_DURATION] = now, end - now
+    log_f[n_log, L_FLOPS], log_f[n_log, L_BYTES] = flops, nbytes
+    log_b[n_log] = bound
+    st_i[S_N_LOG], st_i[S_N_IRR] = n_log + 1, n_irr
+    st_i[S_USED], st_i[S_N_RUN], st_i[S_LIVE] = used, n_run, live
+    st_f[SF_NOW] = end
+    return n_run, admitted, left, num_prefill
+
+
+@njit(**KERNEL)
 def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n, pre_idx,  # noqa: ANN001, ANN201, C901
         params_i, params_f, analytic, terms, dense, log_i, log_f, log_b, irr, irr_count, st_i,
         st_f, until_s, max_steps, residues):
@@ -230,12 +386,11 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
     passes ``until_s`` or ``max_steps`` steps are done (``PAUSED``), the replica waits for
     requests not yet handed over (``IDLE``) or a log buffer fills (``LOG_FULL``,
     ``IRR_FULL``: grow it and call again). Returns the code."""
-    bs, num_blocks, capacity = params_i[P_BS], params_i[P_NUM_BLOCKS], params_i[P_CAPACITY]
+    bs, num_blocks = params_i[P_BS], params_i[P_NUM_BLOCKS]
     max_seqs, max_tokens, mark = params_i[P_MAX_SEQS], params_i[P_MAX_TOKENS], params_i[P_MARK]
     composition, whole, chunk = params_i[P_COMPOSITION], params_i[P_WHOLE] != 0, \
         params_i[P_CHUNK]
-    order, victim, kind = params_i[P_ORDER], params_i[P_VICTIM], params_i[P_COST]
-    layers, tp = params_i[P_LAYERS], params_i[P_TP]
+    order, victim = params_i[P_ORDER], params_i[P_VICTIM]
     has_horizon, horizon = params_i[P_HAS_HORIZON] != 0, params_f[PF_HORIZON]
     hold = params_i[P_HOLD] != 0  # finished requests keep their KV (``settled``)
     headroom = plan_idx.shape[0] + 1  # irregular rows one step can write, at most
@@ -308,129 +463,134 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
                      now)
         if n_pre:
             n_run = _keep_running(req_i, running, n_run)
-        used = st_i[S_USED]
-        num_prefill = num_decode = recomputed = 0
-        tokens = n_dec = kv_dec = pairs_all = kv_all = 0
-        c_lo = c_hi = 0
-        admitted = False
-        brought = 0  # computed tokens the admitted requests bring (their KV was sent here)
-        for k in range(n_plan):
-            i, n = plan_idx[k], plan_n[k]
-            if req_i[i, RI_STATUS] != RUNNING:  # admitted: joins the batch
-                admitted = True
-                brought += req_i[i, RI_COMPUTED]
-                req_i[i, RI_STATUS] = RUNNING
-                if req_f[i, RF_FIRST_SCHED] != req_f[i, RF_FIRST_SCHED]:
-                    req_f[i, RF_FIRST_SCHED] = now
-                running[n_run] = i
-                n_run += 1
-            c = req_i[i, RI_COMPUTED]
-            target = c + n
-            if req_i[i, RI_MAX_HELD] > c:
-                recomputed += min(target, req_i[i, RI_MAX_HELD]) - c
-            need = blocks_needed(target, 0, req_i[i, RI_BLOCKS], bs)
-            req_i[i, RI_BLOCKS] += need
-            used += need
-            gen = req_i[i, RI_GENERATED]
-            if gen and req_i[i, RI_PROMPT] + gen - c == 1:
-                num_decode += 1
-            else:
-                num_prefill += n
-            # the batch's reductions (``RooflineCost._attention``)
-            tokens += n
-            if n == 1:
-                n_dec += 1
-                kv_dec += target
-            pairs_all += n * target - (n * n - n) // 2
-            kv_all += target
-            if k == 0 or target < c_lo:
-                c_lo = target
-            if k == 0 or target > c_hi:
-                c_hi = target
-        st_i[S_USED] = used
-        worst = peak_eff = 0.0
-        if kind == ROOFLINE and tokens != n_plan:  # the slowest prefill unit
-            peak_eff = prefill_peak_eff(terms, tokens - n_dec, n_plan - n_dec)
-            first = True
-            for k in range(n_plan):
-                n = plan_n[k]
-                if n != 1:
-                    target = req_i[plan_idx[k], RI_COMPUTED] + n
-                    u = prefill_unit_s(terms, n, n * target - (n * n - n) // 2, target,
-                                       peak_eff)
-                    if first or u > worst:
-                        worst, first = u, False
-        secs, flops, nbytes, bound = step_cost(
-            kind, analytic, terms, dense, layers, tp, n_plan, tokens, n_dec,
-            kv_dec, pairs_all, kv_all, c_lo, c_hi, worst, peak_eff)
-        end = now + secs
-        # -- ``_commit``: computed tokens catch up, tokens sampled; then ``settle``: finished
-        # requests leave, a context that outgrew the cache too (what the step held and the
-        # live tokens are logged as they were before anyone left) -------------------------
-        regular = 0
-        live = st_i[S_LIVE] + brought + tokens  # tokens whose KV the running requests hold
-        logged_live = live
-        left = False
-        for k in range(n_plan):
-            i, n = plan_idx[k], plan_n[k]
-            c = req_i[i, RI_COMPUTED] + n
-            req_i[i, RI_COMPUTED] = c
-            if c > req_i[i, RI_MAX_HELD]:
-                req_i[i, RI_MAX_HELD] = c
-            gen = req_i[i, RI_GENERATED]
-            if c >= req_i[i, RI_PROMPT] + gen:  # caught up: a token is sampled
-                gen += 1
-                req_i[i, RI_GENERATED] = gen
-                last = req_f[i, RF_LAST_TOKEN]
-                req_f[i, RF_LAST_TOKEN] = end
-                if gen >= req_i[i, RI_OUT]:
-                    req_i[i, RI_STATUS] = FINISHED
-                    req_f[i, RF_FINISH] = end
-                if gen == 1:
-                    req_f[i, RF_FIRST_TOKEN] = end
-                else:
-                    gap = end - last
-                    if gap > req_f[i, RF_MAX_ITL]:
-                        req_f[i, RF_MAX_ITL] = gap
-                    if last == now:
-                        regular += 1
-                    else:
-                        n_irr = _irregular(irr, irr_count, n_irr, end, gap)
-            if req_i[i, RI_STATUS] == FINISHED:
-                if not hold:  # else held until its KV has been sent
-                    used -= req_i[i, RI_BLOCKS]
-                    req_i[i, RI_BLOCKS] = 0
-                live -= c
-                left = True
-                settled(req_i, st_i, params_i, i)
-            elif c >= capacity and (req_i[i, RI_PROMPT] + gen - c == 1
-                                    and blocks_for(c + 1, bs) > num_blocks):
-                used -= req_i[i, RI_BLOCKS]
-                req_i[i, RI_BLOCKS] = 0
-                req_i[i, RI_COMPUTED] = 0
-                live -= c
-                req_i[i, RI_STATUS], req_i[i, RI_REASON] = REJECTED, OUTGREW
-                req_f[i, RF_FINISH] = end
-                left = True
-                settled(req_i, st_i, params_i, i)
-        if left:
-            n_run = _keep_running(req_i, running, n_run)
-        # -- ``StepLog.record`` --------------------------------------------------------------
-        log_i[n_log, L_SEQS], log_i[n_log, L_PREFILL] = n_plan, num_prefill
-        log_i[n_log, L_DECODE], log_i[n_log, L_RECOMPUTED] = num_decode, recomputed
-        log_i[n_log, L_WAITING] = st_i[S_N_HEAP] + st_i[S_N_PENDING]
-        log_i[n_log, L_USED], log_i[n_log, L_REGULAR] = st_i[S_USED], regular
-        log_i[n_log, L_LIVE] = logged_live
-        log_f[n_log, L_START], log_f[n_log, L_DURATION] = now, end - now
-        log_f[n_log, L_FLOPS], log_f[n_log, L_BYTES] = flops, nbytes
-        log_b[n_log] = bound
-        st_i[S_N_LOG], st_i[S_N_IRR] = n_log + 1, n_irr
-        st_i[S_USED], st_i[S_N_RUN], st_i[S_LIVE] = used, n_run, live
-        st_f[SF_NOW] = end
+        n_run, admitted, left, num_prefill = carry_out(
+            req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, params_i, analytic, terms,
+            dense, log_i, log_f, log_b, irr, irr_count, st_i, st_f)
         steps += 1
         # (a holding replica serves one-token requests, the prefill side: it never decodes)
         if (n_pre == 0 and not admitted and not left and num_prefill == 0 and not hold
-                and st_i[S_N_PENDING] == 0 and n_log + 1 < log_i.shape[0]):
+                and st_i[S_N_PENDING] == 0 and st_i[S_N_LOG] < log_i.shape[0]):
             steps += steady_stretch(req_i, req_f, plan_idx, n_plan, residues, params_i,
                                      params_f, analytic, terms, dense, log_i, log_f, log_b,
                                      st_i, st_f, until_s, max_steps - steps)
+
+
+@njit(**KERNEL)
+def apply_plan(s, run_rows, run_n, pre_rows, rej_rows, max_seqs, max_tokens, queue_len,  # noqa: ANN001, ANN201, C901
+               steady, admitted):
+    """One scheduling point of a Python policy's plan (``sim.engine.planned``), on the packed
+    arrays ``s`` (``compiled_state.ReplicaArrays``): ``Replica.begin`` after the policy
+    answered, the plan given as rows (``run_rows``/``run_n`` in ``Plan.run``'s order, the
+    preemptions ``pre_rows`` and rejections ``rej_rows`` in theirs).
+
+    ``validate_plan``'s rules come first: a plan that breaks any returns ``INVALID``, and the
+    caller runs the reference instead, which names the rule (``max_seqs`` / ``max_tokens``:
+    the policy's limits, -1 for none). Then the rejections, the preemptions (recompute), and
+    ``carry_out`` of the step; a ``steady`` plan's repeats follow in one
+    ``steady_stretch``, up to the next arrival (the caller's ``S_NXT``). ``queue_len`` is the
+    queue the policy was shown; the requests the step admitted from it are written to
+    ``admitted``. Returns the code (``IDLE``: nothing to run, the rejections made;
+    ``PAUSED``: a step taken; ``LOG_FULL`` / ``IRR_FULL``: nothing done, grow the buffer) and
+    the number admitted; ``s.out`` then holds the running requests' view columns
+    (``view_columns``)."""
+    req_i, req_f, st_i, params_i = s.req_i, s.req_f, s.st_i, s.params_i
+    n_plan, n_pre, n_rej = run_rows.shape[0], pre_rows.shape[0], rej_rows.shape[0]
+    if st_i[S_N_LOG] >= s.log_i.shape[0]:
+        return LOG_FULL, 0
+    if st_i[S_N_IRR] + n_plan + 1 > s.irr.shape[0]:
+        return IRR_FULL, 0
+    if n_plan > s.plan_idx.shape[0]:
+        return INVALID, 0
+    now = s.st_f[SF_NOW]
+    bs, num_blocks, nxt = params_i[P_BS], params_i[P_NUM_BLOCKS], st_i[S_NXT]
+    # -- ``validate_plan`` (a broken rule may leave marks behind: the run starts over) ------
+    st_i[S_STAMP] += 2
+    mark_pre, mark_rej = st_i[S_STAMP] - 1, st_i[S_STAMP]
+    for j in range(n_rej):  # waiting: arrived, not rejected, not running
+        v = rej_rows[j]
+        if v >= nxt or req_i[v, RI_STATUS] != WAITING or req_i[v, RI_DONE] == mark_rej:
+            return INVALID, 0
+        req_i[v, RI_DONE] = mark_rej
+    freed = 0
+    for j in range(n_pre):
+        v = pre_rows[j]
+        if req_i[v, RI_STATUS] != RUNNING or req_i[v, RI_DONE] == mark_pre:
+            return INVALID, 0
+        req_i[v, RI_DONE] = mark_pre
+        freed += req_i[v, RI_BLOCKS]
+    if n_plan == 0 and n_pre:  # preempting to make room needs KV that came from elsewhere
+        return INVALID, 0
+    if max_seqs >= 0 and n_plan > max_seqs:
+        return INVALID, 0
+    total = blocks = n_adm = 0
+    for k in range(n_plan):
+        i, n = run_rows[k], run_n[k]
+        status, mark = req_i[i, RI_STATUS], req_i[i, RI_DONE]
+        if status == RUNNING:
+            if mark == mark_pre:  # both preempted and scheduled
+                return INVALID, 0
+        elif status != WAITING or i >= nxt or mark == mark_rej:
+            return INVALID, 0
+        else:
+            admitted[n_adm] = i
+            n_adm += 1
+        c = req_i[i, RI_COMPUTED]
+        if n < 1 or n > req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c:
+            return INVALID, 0
+        total += n
+        blocks += blocks_needed(c + n, 0, req_i[i, RI_BLOCKS], bs)
+    if max_tokens >= 0 and total > max_tokens:
+        return INVALID, 0
+    if blocks > num_blocks - st_i[S_USED] + freed:
+        return INVALID, 0
+    # -- the rejections and preemptions, then the step --------------------------------------
+    for j in range(n_rej):
+        v = rej_rows[j]
+        req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, BY_POLICY
+        req_f[v, RF_FINISH] = now
+        settled(req_i, st_i, params_i, v)
+    requeued = 0
+    for j in range(n_pre):
+        v = pre_rows[j]
+        if drop_kv(req_i, req_f, v, st_i, params_i, now):
+            mark_requeued(req_i, v)
+            requeued += 1
+    n_run = st_i[S_N_RUN]
+    if n_pre:
+        n_run = _keep_running(req_i, s.running, n_run)
+    st_i[S_N_RUN] = n_run
+    st_i[S_N_HEAP] = queue_len - n_rej + requeued - n_adm  # the queue the step logs
+    if n_plan == 0:
+        view_columns(req_i, s.running, n_run, s.out)
+        return IDLE, 0
+    plan_idx, plan_n = s.plan_idx, s.plan_n
+    for k in range(n_plan):
+        plan_idx[k], plan_n[k] = run_rows[k], run_n[k]
+    n_run, joined, left, num_prefill = carry_out(
+        req_i, req_f, s.running, n_run, plan_idx, plan_n, n_plan, params_i, s.analytic,
+        s.terms, s.dense, s.log_i, s.log_f, s.log_b, s.irr, s.irr_count, st_i, s.st_f)
+    if (steady and n_pre == 0 and not joined and not left and num_prefill == 0
+            and params_i[P_HOLD] == 0 and st_i[S_N_LOG] < s.log_i.shape[0]):
+        steady_stretch(req_i, req_f, plan_idx, n_plan, s.residues, params_i, s.params_f,
+                       s.analytic, s.terms, s.dense, s.log_i, s.log_f, s.log_b, st_i, s.st_f,
+                       np.inf, _BIG)
+    view_columns(req_i, s.running, st_i[S_N_RUN], s.out)
+    return PAUSED, n_adm
+
+
+#: The per-request columns of a ``SeqView`` the arrays hold, in its fields' order (its id and
+#: arrival time are looked up by the row, written first).
+VIEW_COLUMNS = (RI_PROMPT, RI_GENERATED, RI_COMPUTED, RI_NPRE, RI_BLOCKS, RI_PRIORITY)
+
+
+@njit(**KERNEL)
+def view_columns(req_i: np.ndarray, running: np.ndarray, n_run: int, out: np.ndarray) -> None:
+    """The running requests' ``SeqView`` fields, column after column into ``out`` (one
+    column a block of ``running``'s length): each one's row, then ``VIEW_COLUMNS``; a
+    driver reads them in one call and zips them into views."""
+    rows = running.shape[0]
+    for r in range(n_run):
+        i = running[r]
+        out[r] = i
+        for j in range(len(VIEW_COLUMNS)):
+            out[(j + 1) * rows + r] = req_i[i, VIEW_COLUMNS[j]]

@@ -8,6 +8,7 @@ bucketed (``sim.metrics.stream``), so a long run's memory stays flat.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,17 +39,22 @@ def run_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.ndarray,
                           name=name)
     rep.append(arrival, prompt, out, priority)
     rep.close()
+    rep.on_log_full = fold_when_full(log, replica)
+    rep.advance_until(math.inf, deadline)
+    return hand_over(rep, log, replica)
 
-    def fold_when_full(r: CompiledReplica) -> bool:
+
+def fold_when_full(log: StepLog, replica: int) -> Callable[[CompiledReplica], bool]:
+    """A ``CompiledReplica.on_log_full`` for ``log``: a full buffer of a bucketed step table
+    (or of an ``"auto"`` one past ``AUTO_MAX_STEPS`` rows) is folded into its buckets and
+    emptied (True), else left to grow (False)."""
+    def fold(r: CompiledReplica) -> bool:
         if log.stream is None or not (log.always_fold or len(r.log_i) >= AUTO_MAX_STEPS):
             return False
         _fold_rows(log, r, r.num_steps, replica)
         r.st_i[slots.S_N_LOG] = 0
         return True
-
-    rep.on_log_full = fold_when_full
-    rep.advance_until(math.inf, deadline)
-    return hand_over(rep, log, replica)
+    return fold
 
 
 def hand_over(rep: CompiledReplica, log: StepLog, replica: int) -> Outcomes:

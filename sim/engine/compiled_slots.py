@@ -8,7 +8,9 @@ from __future__ import annotations
 WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3  # a request's status
 # why a request was rejected (its message is built afterwards from its final counters)
 NO_REASON, ON_ARRIVAL, OVER_BUDGET, PREEMPTED_TOO_OFTEN, OUTGREW = 0, 1, 2, 3, 4
+BY_POLICY = 5  # a Python policy's ``Plan.reject`` (its words kept beside the arrays)
 DONE, STALLED, PAUSED, IDLE, LOG_FULL, IRR_FULL = 0, 1, 2, 3, 4, 5  # how ``run`` returned
+INVALID = 6  # ``apply_plan``: the plan breaks a rule (the reference names it)
 # slots of ``params_i`` / ``params_f``
 (P_BS, P_NUM_BLOCKS, P_CAPACITY, P_MAX_SEQS, P_MAX_TOKENS, P_MARK, P_LIMIT, P_COMPOSITION,
  P_WHOLE, P_CHUNK, P_ORDER, P_VICTIM, P_COST, P_LAYERS, P_TP, P_HAS_HORIZON, P_HOLD) = range(17)

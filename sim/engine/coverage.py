@@ -17,7 +17,9 @@ from typing import Any
 
 from policies.chunked_prefill import ChunkedPrefill
 from policies.continuous import ContinuousBatching
+from policies.dynamic import DynamicBatching
 from policies.scheduler import Scheduler
+from policies.static import StaticBatching
 from sim.core.scheduling import SchedulingSpec
 from sim.cost.base import ConstantCost, LinearCost
 from sim.cost.roofline import RooflineCost
@@ -61,6 +63,11 @@ COMPILED_KV: Mapping[str, frozenset[Any] | None] = {
 
 #: Where ``SimResult.engine_reason`` says the allow-lists sent a run.
 PATH = "compiled interpreter"
+#: Where ``SimResult.step_engine_reason`` says they sent a general-engine run's plans.
+STEPS_PATH = "compiled steps"
+#: Policies whose plans carry padding rows (run-to-completion batches): the general engine
+#: carries them out itself, a batch's steps in one event (``sim.engine.batch_skip``).
+PADDING_POLICIES = (StaticBatching, DynamicBatching)
 
 
 def cost_kind(cost: object) -> int:
@@ -109,6 +116,30 @@ def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, checks: boo
         return "per-step invariant checks (checks=True)"
     if not event_skipping:
         return "event skipping off"
+    if getattr(getattr(cost, "model", None), "sliding_window", None) is not None:
+        return "a sliding-window model"
+    if cost_kind(cost) < 0:
+        return "the cost model is not a RooflineCost, ConstantCost or LinearCost"
+    return ""
+
+
+class NotCovered(Exception):
+    """A plan the compiled steps (``sim.engine.planned``) do not carry out: the run goes to
+    the reference engine, which carries it out or names the rule it breaks."""
+
+
+def planned_blocker(policy: object, kv: KVConfig, cost: object, *, checks: bool) -> str:
+    """Why the general engine cannot carry out this run's plans on compiled steps
+    (``sim.engine.planned``; '' when it can): the same KV and cost-model allow-lists as the
+    compiled interpreter, no per-step checks, and a policy whose plans have no padding rows."""
+    if isinstance(policy, PADDING_POLICIES):
+        return (f"policy {getattr(policy, 'name', type(policy).__name__)!r} pads its batches "
+                "(the general engine runs them to completion in one event)")
+    why = uncovered(kv, COMPILED_KV, "kv.", STEPS_PATH)
+    if why:
+        return why
+    if checks:
+        return "per-step invariant checks (checks=True)"
     if getattr(getattr(cost, "model", None), "sliding_window", None) is not None:
         return "a sliding-window model"
     if cost_kind(cost) < 0:

@@ -28,7 +28,7 @@ from sim.cost.base import CostModel
 from sim.cost.checked import checked_cost
 from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
 from sim.engine.compiled import COMPILED_COLD_MIN_REQUESTS, COMPILED_MIN_REQUESTS, Outcomes
-from sim.engine.coverage import fast_path_blocker, spec_of
+from sim.engine.coverage import NotCovered, fast_path_blocker, planned_blocker, spec_of
 from sim.engine.inputs import check_run_args, check_run_limits, model_len_limit, request_columns
 from sim.engine.replica import EngineError, Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
@@ -75,6 +75,12 @@ class SimResult:
     #: Why no faster engine ran ('' for the compiled interpreter): the setting that sent the
     #: run to the general engine (``sim.engine.coverage``), or its size.
     engine_reason: str = ""
+    #: What carried out the plans: ``"compiled"`` (the compiled interpreter's arrays; on the
+    #: general engine, ``sim.engine.planned``: the policy's own Python plans, checked and
+    #: carried out in compiled code) or ``"python"`` (``sim.engine.replica``, the reference).
+    step_engine: str = "python"
+    #: Why a general-engine run's plans were carried out in Python ('' when they were not).
+    step_engine_reason: str = ""
     #: Per-replica summary of a routed run (``sim.cluster``), else ``None``.
     replicas: pd.DataFrame | None = None
     #: The routing decisions of a routed run (``sim.cluster.routed.RoutingLog``), else ``None``.
@@ -182,6 +188,7 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         reason = size_blocker(len(cols["arrival_s"]), num_replicas, fast_path,
                               routed=driver is not None)
     engine = "general"
+    steps_reason = ""
     if not reason and driver is not None:  # compiled replicas behind the driver (a router)
         from sim.engine.compiled_drive import Arrivals, run_driven
 
@@ -211,13 +218,33 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
         engine = "compiled"
         table = _fast_request_table(cols, runs)
     else:
-        reqs = _sorted_requests(requests)
-        logs = [new_log()]
-        if monitor is not None:
-            monitor(logs, np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
-        table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
-                            horizon_s=horizon_s, event_skipping=event_skipping,
-                            max_model_len=limit, deadline=deadline, driver=driver)
+        steps_reason = (_steps_blocker(policies[0], kv_config, cost, checks, driver, cols,
+                                       num_replicas, fast_path))
+        table = None
+        if not steps_reason:  # the policy's plans, carried out on compiled steps
+            pristine = copy.deepcopy(policies)  # for the reference, should a plan need it
+            cols["priority"] = _priorities(requests)
+            cols = _arrival_order(cols)
+            logs = [new_log() for _ in policies]
+            if monitor is not None:
+                monitor(logs, cols["arrival_s"])
+            try:
+                runs = [_run_planned(cols, k, num_replicas, policies[k], cost, kv_config,
+                                     logs[k], max_model_len=limit, horizon_s=horizon_s,
+                                     deadline=deadline, skip=event_skipping)
+                        for k in range(num_replicas)]
+                table = _fast_request_table(cols, runs)
+            except NotCovered as why:
+                steps_reason = f"{why}: the run was carried out again in Python"
+                policies = pristine
+        if table is None:
+            reqs = _sorted_requests(requests)
+            logs = [new_log()]
+            if monitor is not None:
+                monitor(logs, np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
+            table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
+                                horizon_s=horizon_s, event_skipping=event_skipping,
+                                max_model_len=limit, deadline=deadline, driver=driver)
     stream = _bucketed(logs, table)
     if stream is not None:
         steps = stream.table()
@@ -243,8 +270,10 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                     for k in VALIDITY_COLUMNS})
     summary["seed"] = seed
     summary["partial"] = bool(summary["num_unfinished"] > 0)
+    step_engine = "compiled" if engine == "compiled" or not steps_reason else "python"
     return SimResult(table, steps, summary, (gaps, counts), kv_config, engine_profile(cost),
-                     "buckets" if stream is not None else "full", engine, reason)
+                     "buckets" if stream is not None else "full", engine, reason,
+                     step_engine, "" if step_engine == "compiled" else steps_reason)
 
 
 def _sorted_requests(requests: Sequence[Request] | TraceArrays) -> list[Request]:
@@ -327,7 +356,40 @@ def _run_compiled(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy
                         replica=k, name=policy.name)
 
 
-def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False) -> str:
+def _steps_blocker(policy: Policy, kv: KVConfig, cost: CostModel, checks: bool,
+                   driver: ReplicaDriver | None, cols: dict[str, np.ndarray],
+                   num_replicas: int, fast_path: bool | str) -> str:
+    """Why the general engine carries out this run's plans in Python ('' when it takes the
+    compiled steps of ``sim.engine.planned``): a replica driver, a setting they do not cover
+    (``coverage.planned_blocker``), ids that are not integers, or the run's size (as for the
+    compiled interpreter; ``fast_path=False`` counts as ``True`` here, ``"interpreted"``
+    keeps everything in Python)."""
+    if driver is not None:
+        return "replicas driven from outside (a router)"
+    why = planned_blocker(policy, kv, cost, checks=checks)
+    if why:
+        return why
+    if cols["id"].dtype == object:
+        return "request ids that are not all integers"
+    return size_blocker(len(cols["arrival_s"]), num_replicas,
+                        True if fast_path is False else fast_path, planned=True)
+
+
+def _run_planned(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Policy,
+                 cost: CostModel, kv: KVConfig, log: StepLog, *, max_model_len: int | None,
+                 horizon_s: float | None, deadline: float | None, skip: bool) -> Outcomes:
+    """Run replica ``k``'s round-robin share with ``policy``'s plans on compiled steps."""
+    from sim.engine.planned import run_planned  # numba loads here, not at import
+
+    arrival, prompt, out, ids, priority = (cols[name][k::num_replicas] for name in (
+        "arrival_s", "num_prompt_tokens", "num_output_tokens", "id", "priority"))
+    return run_planned(policy, cost, kv, ids, arrival, prompt, out, priority, log,
+                       max_model_len=max_model_len, horizon_s=horizon_s, deadline=deadline,
+                       skip=skip, replica=k)
+
+
+def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False,
+                 planned: bool = False) -> str:
     """Why a run the compiled interpreter covers stays on the general engine anyway: asked
     to (``fast_path='interpreted'``), or too small to repay loading it ('' when it runs)."""
     if choice == "interpreted":
@@ -340,7 +402,7 @@ def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = F
                 "that repay loading the compiled interpreter")
     from sim.engine.compiled_cache import loop_is_cached
 
-    if not loop_is_cached(routed):
+    if not loop_is_cached(routed, planned):
         return (f"{per_replica} requests on a replica, fewer than the "
                 f"{COMPILED_COLD_MIN_REQUESTS} that repay compiling the compiled interpreter "
                 "(not in numba's cache on this machine yet; the first larger run, or "

@@ -1,0 +1,254 @@
+"""A Python policy's plans carried out on the compiled interpreter's arrays.
+
+The general engine asks its policy for a ``Plan`` at every scheduling point; what it then does
+with the plan — check it, admit, preempt, grow the KV, cost the step, commit the tokens, log
+the step — is the same for every policy. ``PlannedReplica`` keeps a replica's state in the
+arrays of ``sim.engine.compiled.CompiledReplica`` and does that part in one compiled call a
+scheduling point (``compiled_loop.apply_plan``: ``validate_plan``'s rules, then the loop's own
+``carry_out`` and ``steady_stretch``), so the only Python left per step is the policy's own
+``schedule``, the ``View`` it is shown (the running requests' ``SeqView``s built in one pass
+from the arrays; the queue's kept until it changes) and reading its ``Plan`` into rows.
+
+It covers what those arrays hold — one replica on its own arrival list, paged KV with recompute
+preemption and no prefix cache, a cost model the interpreter costs itself, no per-step checks
+— and plans without padding rows (``sim.engine.coverage.planned_blocker`` decides before the
+run). A plan it does not carry out (padding rows, a value of a kind the reference would refuse,
+any broken rule) raises ``NotCovered``: ``simulate`` then runs the whole simulation again on
+the reference (``sim.engine.replica``), with fresh policies, which names the broken rule or
+carries the plan out, and the run says so. Steady plans repeat in compiled stretches that stop
+before a finish or an arrival; the policy is asked again there, which its ``steady`` promise
+says gives the same results as the reference's stretches (the tests check it).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from policies.registry import Policy
+from sim.core.scheduling import SchedulingSpec
+from sim.core.types import ON_FINISH, KVView, SeqView, View
+from sim.engine import compiled_slots as slots
+from sim.engine.compiled import CompiledReplica, Outcomes
+from sim.engine.compiled_plan import (
+    RF_FINISH,
+    RI_GENERATED,
+    RI_NPRE,
+    RI_REASON,
+    RI_STATUS,
+)
+from sim.engine.coverage import NotCovered
+from sim.kv.config import KVConfig
+from sim.metrics.steplog import StepLog
+
+_NEW = tuple.__new__
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class PlannedReplica:
+    """One replica: a Python policy's plans on compiled arrays (see the module docstring)."""
+
+    def __init__(self, policy: Policy, cost: Any, kv: KVConfig, ids: np.ndarray,
+                 arrival: np.ndarray, prompt: np.ndarray, out: np.ndarray,
+                 priority: np.ndarray | None, *, max_model_len: int | None,
+                 horizon_s: float | None, deadline: float | None, skip: bool) -> None:
+        from sim.engine import compiled_loop
+        from sim.engine.compiled_state import pack
+
+        n = len(arrival)
+        self.policy, self.kv = policy, kv
+        # the batch rows the arrays need: the policy's limit, or every request (a plan over
+        # them, from a limit raised later, goes to the reference)
+        limit = policy.max_num_seqs
+        rows = max(1, n if limit is None else min(int(limit), n))
+        sizes = SchedulingSpec(max_num_seqs=rows, max_num_batched_tokens=rows)
+        self.rep = rep = CompiledReplica(sizes, cost, kv, max_model_len=max_model_len,
+                                         horizon_s=horizon_s, name=policy.name)
+        rep.append(arrival, prompt, out, priority)
+        rep.close()
+        self._pack = pack
+        self._apply = compiled_loop.apply_plan
+        self.horizon_s, self.deadline, self.skip = horizon_s, deadline, skip
+        self.ids: list[int] = ids.tolist()
+        self.row_of: dict[int, int] = {r: i for i, r in enumerate(self.ids)}
+        self.arrival: list[float] = np.asarray(arrival, dtype=np.float64).tolist()
+        self.priority: list[int] = ([0] * n if priority is None else
+                                    np.asarray(priority, dtype=np.int64).tolist())
+        self.prompt: list[int] = np.asarray(prompt, dtype=np.int64).tolist()
+        self.policy_reason: dict[int, str] = {}  # row -> a policy's words for its rejection
+        self.waiting: dict[int, None] = {}  # rows, in arrival order
+        self.preempted: dict[int, None] = {}  # rows, in order of preemption (shown newest first)
+        self._queue: dict[int, SeqView] = {}  # each queued row's view, kept while it waits
+        self._queue_views: tuple[SeqView, ...] | None = ()
+        self._admitted = np.empty(rows + 1, dtype=np.int64)
+        # the running requests' view columns, as ``compiled_loop.view_columns`` writes them
+        width, fields = len(rep.running), 1 + len(compiled_loop.VIEW_COLUMNS)
+        self._out = np.zeros(fields * width, dtype=np.int64)
+        self._view_cols = self._out.reshape(fields, width)
+        self._packed: Any = None
+        self._layout = -1
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:  # noqa: C901 - one scheduling point, read as Replica.begin
+        """Run the replica to its end (``NotCovered`` when a plan needs the reference)."""
+        rep, policy, kv = self.rep, self.policy, self.kv
+        st_i, st_f, ri = rep.st_i, rep.st_f, rep.req_i
+        ids, arrival, row_of = self.ids, self.arrival, self.row_of
+        n, nxt = len(arrival), 0
+        total_blocks, bs = kv.num_blocks, kv.block_size
+        horizon, deadline = self.horizon_s, self.deadline
+        waiting, preempted, queue = self.waiting, self.preempted, self._queue
+        steady_ok = self.skip
+        admitted = self._admitted
+        entry = rep.entry_reason
+        while True:
+            now = float(st_f[0])
+            if horizon is not None and now >= horizon:
+                return
+            if deadline is not None and time.perf_counter() > deadline:
+                return
+            # -- ``_take_arrivals`` ---------------------------------------------------------
+            if nxt < n and arrival[nxt] <= now:
+                while nxt < n and arrival[nxt] <= now:
+                    if nxt in entry:  # never fits: rejected as it arrives
+                        ri[nxt, RI_STATUS], ri[nxt, RI_REASON] = slots.REJECTED, slots.ON_ARRIVAL
+                        rep.req_f[nxt, RF_FINISH] = now
+                    else:
+                        waiting[nxt] = None
+                        queue[nxt] = _NEW(SeqView, (ids[nxt], arrival[nxt], self.prompt[nxt],
+                                                    0, 0, 0, 0, self.priority[nxt]))
+                        self._queue_views = None
+                    nxt += 1
+                st_i[slots.S_NXT] = nxt
+            n_run = int(st_i[slots.S_N_RUN])
+            if not (waiting or preempted or n_run):
+                if nxt < n:  # idle until the next arrival
+                    st_f[0] = arrival[nxt]
+                    continue
+                return
+            # -- the view -------------------------------------------------------------------
+            views = self._queue_views
+            if views is None:
+                views = self._queue_views = (
+                    *map(queue.__getitem__, reversed(preempted)),
+                    *map(queue.__getitem__, waiting))
+            if n_run:  # the columns the last call wrote, zipped into named tuples
+                at, *fields = self._view_cols[:, :n_run].tolist()
+                running = tuple(map(_NEW, [SeqView] * n_run, zip(
+                    map(ids.__getitem__, at), map(arrival.__getitem__, at), *fields,
+                    strict=True)))
+            else:
+                running = ()
+            used = int(st_i[slots.S_USED])
+            view = View(now, views, running,
+                        KVView(total_blocks, total_blocks - used, bs), nxt < n)
+            plan = policy.schedule(view)
+            # -- the plan as rows -----------------------------------------------------------
+            if plan.padding or plan.on_finish not in ON_FINISH:
+                raise NotCovered(f"policy {policy.name!r} at t={now:.6f}s made a plan with "
+                                 "padding rows" if plan.padding else "an unknown on_finish")
+            run = plan.run
+            try:
+                run_rows = np.fromiter(map(row_of.__getitem__, run), np.int64, len(run))
+                pre_rows = (np.fromiter(map(row_of.__getitem__, plan.preempt), np.int64,
+                                        len(plan.preempt)) if plan.preempt else _EMPTY)
+                rej_rows = (np.fromiter(map(row_of.__getitem__, plan.reject), np.int64,
+                                        len(plan.reject)) if plan.reject else _EMPTY)
+            except (KeyError, TypeError):
+                raise NotCovered("a plan names a request this replica does not hold") from None
+            tokens = list(run.values())
+            if set(map(type, tokens)) - {int}:
+                raise NotCovered("a plan's token count is not an int")
+            run_n = np.array(tokens, dtype=np.int64) if tokens else _EMPTY
+            queued = len(waiting) + len(preempted)
+            # the limits as they are now (``validate_plan`` reads them at every plan)
+            max_seqs, max_tokens = policy.max_num_seqs, policy.max_num_batched_tokens
+            while True:
+                if rep.layout != self._layout:
+                    self._packed = self._pack(rep, self._out)
+                    self._layout = rep.layout
+                code, n_adm = self._apply(self._packed, run_rows, run_n, pre_rows, rej_rows,
+                                          -1 if max_seqs is None else max_seqs,
+                                          -1 if max_tokens is None else max_tokens, queued,
+                                          steady_ok and plan.steady, admitted)
+                if code == slots.LOG_FULL:
+                    self._grow_log()
+                elif code == slots.IRR_FULL:
+                    rep.irr.resize((2 * len(rep.irr), 2), refcheck=False)
+                    rep.irr_count.resize(len(rep.irr), refcheck=False)
+                    rep.layout += 1
+                else:
+                    break
+            if code == slots.INVALID:
+                raise NotCovered(f"policy {policy.name!r} at t={now:.6f}s made a plan that "
+                                 "breaks a rule")
+            # -- the queue after the plan ---------------------------------------------------
+            if plan.reject:
+                for r, reason in zip(rej_rows.tolist(), plan.reject.values(), strict=True):
+                    self.policy_reason[r] = reason
+                    self._leave(r)
+            if n_adm:
+                for r in admitted[:n_adm].tolist():
+                    self._leave(r)
+            if plan.preempt:
+                for r in pre_rows.tolist():
+                    if ri[r, RI_STATUS] == slots.WAITING:  # else rejected (preempted too often)
+                        preempted[r] = None
+                        queue[r] = _NEW(SeqView, (ids[r], arrival[r], self.prompt[r],
+                                                  int(ri[r, RI_GENERATED]), 0,
+                                                  int(ri[r, RI_NPRE]), 0, self.priority[r]))
+                        self._queue_views = None
+            if code == slots.IDLE:  # nothing to run: until the wake-up or the next arrival
+                wake = plan.wake_at_s
+                if wake is None:
+                    if nxt >= n:
+                        if waiting or preempted or st_i[slots.S_N_RUN]:
+                            raise NotCovered("the policy stalled")  # the reference says so
+                        return
+                    wake = math.inf
+                elif wake <= now:
+                    raise NotCovered("a wake-up that is not in the future")
+                if nxt < n:
+                    wake = min(wake, arrival[nxt])
+                st_f[0] = wake
+
+    def _leave(self, row: int) -> None:
+        """``row`` left the queue (admitted or rejected)."""
+        if row in self.waiting:
+            del self.waiting[row]
+        else:
+            del self.preempted[row]
+        del self._queue[row]
+        self._queue_views = None
+
+    def _grow_log(self) -> None:
+        """Double the step log's buffers (or fold them into the step table's buckets)."""
+        rep = self.rep
+        if rep.on_log_full is not None and rep.on_log_full(rep):
+            return
+        rows = 2 * len(rep.log_i)
+        rep.log_i.resize((rows, rep.log_i.shape[1]), refcheck=False)
+        rep.log_f.resize((rows, rep.log_f.shape[1]), refcheck=False)
+        rep.log_b.resize(rows, refcheck=False)
+        rep.layout += 1
+
+def run_planned(policy: Policy, cost: Any, kv: KVConfig, ids: np.ndarray, arrival: np.ndarray,
+                prompt: np.ndarray, out: np.ndarray, priority: np.ndarray | None,
+                log: StepLog, *, max_model_len: int | None, horizon_s: float | None,
+                deadline: float | None, skip: bool, replica: int = 0) -> Outcomes:
+    """Simulate one replica's requests (arrival order) under ``policy``'s plans on compiled
+    steps; fill ``log`` and return the outcomes in that order (``NotCovered``: see the
+    module docstring)."""
+    from sim.engine.compiled_run import fold_when_full, hand_over
+
+    rp = PlannedReplica(policy, cost, kv, ids, arrival, prompt, out, priority,
+                        max_model_len=max_model_len, horizon_s=horizon_s, deadline=deadline,
+                        skip=skip)
+    rp.rep.on_log_full = fold_when_full(log, replica)
+    rp.run()
+    outcomes = hand_over(rp.rep, log, replica)
+    for row, reason in rp.policy_reason.items():  # the policy's own words
+        outcomes.reason[row] = reason
+    return outcomes
