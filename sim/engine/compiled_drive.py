@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "d6b982d4d51351d4d6678980c1f12abe5e9215c3bc27b7cc20d69ccc8724dd8d"
+LOOP_SHA256 = "77eb3e847629b3ad2717c783f2f577ed62a792a4a55ff39ae8674ad3a52a07af"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

@@ -40,6 +40,7 @@ from sim.engine.compiled_plan import (
     RI_DONE,
     RI_ENTRY,
     RI_GENERATED,
+    RI_ID,
     RI_MAX_HELD,
     RI_NEXT_SETTLED,
     RI_NPRE,
@@ -121,7 +122,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "5cb9ca8596d80138e5922cc9779ba72f7f0d7a6937c6b160f3359dfc9004485a"
+RULES_SHA256 = "4bda71e16d9cfc383841c3fe43477e753f881fc8d09eac4f3f58f9e7dd136874"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",
@@ -476,12 +477,14 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
 
 
 @njit(**KERNEL)
-def apply_plan(s, run_rows, run_n, pre_rows, rej_rows, max_seqs, max_tokens, queue_len,  # noqa: ANN001, ANN201, C901
-               steady, admitted):
+def apply_plan(s, run_ids, run_n, id_base, id_step, pre_rows, rej_rows, max_seqs,  # noqa: ANN001, ANN201, C901
+               max_tokens, queue_len, steady, admitted):
     """One scheduling point of a Python policy's plan (``sim.engine.planned``), on the packed
     arrays ``s`` (``compiled_state.ReplicaArrays``): ``Replica.begin`` after the policy
-    answered, the plan given as rows (``run_rows``/``run_n`` in ``Plan.run``'s order, the
-    preemptions ``pre_rows`` and rejections ``rej_rows`` in theirs).
+    answered. ``run_ids`` / ``run_n`` are ``Plan.run``'s requests and tokens in its order; a
+    request is named by its id, the row ``(id - id_base) // id_step`` (whose ``RI_ID`` must
+    match), or by its row when ``id_step`` is 0. ``pre_rows`` / ``rej_rows``: the preemptions and
+    rejections, by row, in the plan's order.
 
     ``validate_plan``'s rules come first: a plan that breaks any returns ``INVALID``, and the
     caller runs the reference instead, which names the rule (``max_seqs`` / ``max_tokens``:
@@ -494,16 +497,27 @@ def apply_plan(s, run_rows, run_n, pre_rows, rej_rows, max_seqs, max_tokens, que
     the number admitted; ``s.out`` then holds the running requests' view columns
     (``view_columns``)."""
     req_i, req_f, st_i, params_i = s.req_i, s.req_f, s.st_i, s.params_i
-    n_plan, n_pre, n_rej = run_rows.shape[0], pre_rows.shape[0], rej_rows.shape[0]
+    n_plan, n_pre, n_rej = run_ids.shape[0], pre_rows.shape[0], rej_rows.shape[0]
     if st_i[S_N_LOG] >= s.log_i.shape[0]:
         return LOG_FULL, 0
     if st_i[S_N_IRR] + n_plan + 1 > s.irr.shape[0]:
         return IRR_FULL, 0
-    if n_plan > s.plan_idx.shape[0]:
+    plan_idx, plan_n = s.plan_idx, s.plan_n
+    if n_plan > plan_idx.shape[0]:
         return INVALID, 0
     now = s.st_f[SF_NOW]
     bs, num_blocks, nxt = params_i[P_BS], params_i[P_NUM_BLOCKS], st_i[S_NXT]
     # -- ``validate_plan`` (a broken rule may leave marks behind: the run starts over) ------
+    for k in range(n_plan):  # the rows the plan names
+        i = run_ids[k]
+        if id_step:
+            i -= id_base
+            if i < 0 or i % id_step:
+                return INVALID, 0
+            i //= id_step
+            if i >= st_i[S_KNOWN] or req_i[i, RI_ID] != run_ids[k]:
+                return INVALID, 0
+        plan_idx[k], plan_n[k] = i, run_n[k]
     st_i[S_STAMP] += 2
     mark_pre, mark_rej = st_i[S_STAMP] - 1, st_i[S_STAMP]
     for j in range(n_rej):  # waiting: arrived, not rejected, not running
@@ -524,7 +538,7 @@ def apply_plan(s, run_rows, run_n, pre_rows, rej_rows, max_seqs, max_tokens, que
         return INVALID, 0
     total = blocks = n_adm = 0
     for k in range(n_plan):
-        i, n = run_rows[k], run_n[k]
+        i, n = plan_idx[k], plan_n[k]
         status, mark = req_i[i, RI_STATUS], req_i[i, RI_DONE]
         if status == RUNNING:
             if mark == mark_pre:  # both preempted and scheduled
@@ -561,11 +575,8 @@ def apply_plan(s, run_rows, run_n, pre_rows, rej_rows, max_seqs, max_tokens, que
     st_i[S_N_RUN] = n_run
     st_i[S_N_HEAP] = queue_len - n_rej + requeued - n_adm  # the queue the step logs
     if n_plan == 0:
-        view_columns(req_i, s.running, n_run, s.out)
+        view_columns(req_i, req_f, s.running, n_run, s.out)
         return IDLE, 0
-    plan_idx, plan_n = s.plan_idx, s.plan_n
-    for k in range(n_plan):
-        plan_idx[k], plan_n[k] = run_rows[k], run_n[k]
     n_run, joined, left, num_prefill = carry_out(
         req_i, req_f, s.running, n_run, plan_idx, plan_n, n_plan, params_i, s.analytic,
         s.terms, s.dense, s.log_i, s.log_f, s.log_b, s.irr, s.irr_count, st_i, s.st_f)
@@ -574,23 +585,26 @@ def apply_plan(s, run_rows, run_n, pre_rows, rej_rows, max_seqs, max_tokens, que
         steady_stretch(req_i, req_f, plan_idx, n_plan, s.residues, params_i, s.params_f,
                        s.analytic, s.terms, s.dense, s.log_i, s.log_f, s.log_b, st_i, s.st_f,
                        np.inf, _BIG)
-    view_columns(req_i, s.running, st_i[S_N_RUN], s.out)
+    view_columns(req_i, req_f, s.running, st_i[S_N_RUN], s.out)
     return PAUSED, n_adm
 
 
-#: The per-request columns of a ``SeqView`` the arrays hold, in its fields' order (its id and
-#: arrival time are looked up by the row, written first).
+#: The per-request columns of a ``SeqView`` after its id and arrival time, in its fields'
+#: order.
 VIEW_COLUMNS = (RI_PROMPT, RI_GENERATED, RI_COMPUTED, RI_NPRE, RI_BLOCKS, RI_PRIORITY)
 
 
 @njit(**KERNEL)
-def view_columns(req_i: np.ndarray, running: np.ndarray, n_run: int, out: np.ndarray) -> None:
+def view_columns(req_i: np.ndarray, req_f: np.ndarray, running: np.ndarray, n_run: int,
+                 out: np.ndarray) -> None:
     """The running requests' ``SeqView`` fields, column after column into ``out`` (one
-    column a block of ``running``'s length): each one's row, then ``VIEW_COLUMNS``; a
-    driver reads them in one call and zips them into views."""
+    column a block of ``running``'s length): the id (``RI_ID``), the arrival time (its
+    float64 bits), then ``VIEW_COLUMNS``; a driver reads them in one call and zips them."""
     rows = running.shape[0]
+    out_f = out.view(np.float64)
     for r in range(n_run):
         i = running[r]
-        out[r] = i
+        out[r] = req_i[i, RI_ID]
+        out_f[rows + r] = req_f[i, RF_ARRIVAL]
         for j in range(len(VIEW_COLUMNS)):
-            out[(j + 1) * rows + r] = req_i[i, VIEW_COLUMNS[j]]
+            out[(j + 2) * rows + r] = req_i[i, VIEW_COLUMNS[j]]

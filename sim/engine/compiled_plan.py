@@ -24,7 +24,8 @@ from sim.engine.compiled_queue import pop
 RI_PROMPT, RI_OUT, RI_PRIORITY, RI_COMPUTED, RI_GENERATED, RI_BLOCKS = 0, 1, 2, 3, 4, 5
 RI_NPRE, RI_MAX_HELD, RI_STATUS, RI_REASON, RI_DONE, RI_ENTRY = 6, 7, 8, 9, 10, 11
 RI_NEXT_SETTLED = 12  # the next request to settle, + 1 (``compiled_slots.P_HOLD``)
-NUM_RI = 13
+RI_ID = 13  # the request's id, for a driver that shows a policy views (``sim.engine.planned``)
+NUM_RI = 14
 RF_ARRIVAL, RF_DEADLINE, RF_FIRST_SCHED, RF_FIRST_TOKEN, RF_LAST_TOKEN = 0, 1, 2, 3, 4
 RF_FINISH, RF_MAX_ITL = 5, 6
 NUM_RF = 7

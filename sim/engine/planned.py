@@ -35,6 +35,7 @@ from sim.engine.compiled import CompiledReplica, Outcomes
 from sim.engine.compiled_plan import (
     RF_FINISH,
     RI_GENERATED,
+    RI_ID,
     RI_NPRE,
     RI_REASON,
     RI_STATUS,
@@ -73,6 +74,9 @@ class PlannedReplica:
         self.horizon_s, self.deadline, self.skip = horizon_s, deadline, skip
         self.ids: list[int] = ids.tolist()
         self.row_of: dict[int, int] = {r: i for i, r in enumerate(self.ids)}
+        # ids ``id_base + id_step * row`` (a trace's row numbers, dealt round robin): the
+        # compiled call finds the rows itself; any others are looked up here (``id_step`` 0)
+        self.id_base, self.id_step = affine(np.asarray(ids, dtype=np.int64))
         self.arrival: list[float] = np.asarray(arrival, dtype=np.float64).tolist()
         self.priority: list[int] = ([0] * n if priority is None else
                                     np.asarray(priority, dtype=np.int64).tolist())
@@ -84,9 +88,11 @@ class PlannedReplica:
         self._queue_views: tuple[SeqView, ...] | None = ()
         self._admitted = np.empty(rows + 1, dtype=np.int64)
         # the running requests' view columns, as ``compiled_loop.view_columns`` writes them
-        width, fields = len(rep.running), 1 + len(compiled_loop.VIEW_COLUMNS)
+        width, fields = len(rep.running), 2 + len(compiled_loop.VIEW_COLUMNS)
         self._out = np.zeros(fields * width, dtype=np.int64)
         self._view_cols = self._out.reshape(fields, width)
+        self._view_arrival = self._out.view(np.float64)[width:2 * width]
+        rep.req_i[:n, RI_ID] = ids
         self._packed: Any = None
         self._layout = -1
 
@@ -102,6 +108,7 @@ class PlannedReplica:
         waiting, preempted, queue = self.waiting, self.preempted, self._queue
         steady_ok = self.skip
         admitted = self._admitted
+        id_base, id_step = self.id_base, self.id_step
         entry = rep.entry_reason
         while True:
             now = float(st_f[0])
@@ -135,10 +142,9 @@ class PlannedReplica:
                     *map(queue.__getitem__, reversed(preempted)),
                     *map(queue.__getitem__, waiting))
             if n_run:  # the columns the last call wrote, zipped into named tuples
-                at, *fields = self._view_cols[:, :n_run].tolist()
-                running = tuple(map(_NEW, [SeqView] * n_run, zip(
-                    map(ids.__getitem__, at), map(arrival.__getitem__, at), *fields,
-                    strict=True)))
+                fields = self._view_cols[:, :n_run].tolist()
+                fields[1] = self._view_arrival[:n_run].tolist()
+                running = tuple(map(_NEW, [SeqView] * n_run, zip(*fields, strict=True)))
             else:
                 running = ()
             used = int(st_i[slots.S_USED])
@@ -151,17 +157,25 @@ class PlannedReplica:
                                  "padding rows" if plan.padding else "an unknown on_finish")
             run = plan.run
             try:
-                run_rows = np.fromiter(map(row_of.__getitem__, run), np.int64, len(run))
+                if id_step:  # by id, the rows computed in compiled code; ids must be ints
+                    if type(sum(run)) is not int:  # (a float or numpy key sums otherwise)
+                        raise TypeError
+                    keys = np.fromiter(run, np.int64, len(run))
+                else:
+                    keys = np.fromiter(map(row_of.__getitem__, run), np.int64, len(run))
+                # token counts must be ints (bools too, as ``validate_plan`` has it): any
+                # float, numpy scalar or other number makes their sum another type
+                if type(sum(run.values())) is not int:
+                    raise TypeError
+                tokens = np.fromiter(run.values(), np.int64, len(run))
                 pre_rows = (np.fromiter(map(row_of.__getitem__, plan.preempt), np.int64,
                                         len(plan.preempt)) if plan.preempt else _EMPTY)
                 rej_rows = (np.fromiter(map(row_of.__getitem__, plan.reject), np.int64,
                                         len(plan.reject)) if plan.reject else _EMPTY)
-            except (KeyError, TypeError):
-                raise NotCovered("a plan names a request this replica does not hold") from None
-            tokens = list(run.values())
-            if set(map(type, tokens)) - {int}:
-                raise NotCovered("a plan's token count is not an int")
-            run_n = np.array(tokens, dtype=np.int64) if tokens else _EMPTY
+            except (KeyError, TypeError, OverflowError):
+                raise NotCovered(f"policy {policy.name!r} at t={now:.6f}s named a request "
+                                 "it was not shown or gave a count that is not an int"
+                                 ) from None
             queued = len(waiting) + len(preempted)
             # the limits as they are now (``validate_plan`` reads them at every plan)
             max_seqs, max_tokens = policy.max_num_seqs, policy.max_num_batched_tokens
@@ -169,7 +183,8 @@ class PlannedReplica:
                 if rep.layout != self._layout:
                     self._packed = self._pack(rep, self._out)
                     self._layout = rep.layout
-                code, n_adm = self._apply(self._packed, run_rows, run_n, pre_rows, rej_rows,
+                code, n_adm = self._apply(self._packed, keys, tokens, id_base, id_step,
+                                          pre_rows, rej_rows,
                                           -1 if max_seqs is None else max_seqs,
                                           -1 if max_tokens is None else max_tokens, queued,
                                           steady_ok and plan.steady, admitted)
@@ -233,6 +248,17 @@ class PlannedReplica:
         rep.log_f.resize((rows, rep.log_f.shape[1]), refcheck=False)
         rep.log_b.resize(rows, refcheck=False)
         rep.layout += 1
+
+def affine(ids: np.ndarray) -> tuple[int, int]:
+    """``(a, b)`` with ``ids == a + b * arange(len(ids))`` and ``b >= 1``, else ``(0, 0)``."""
+    if len(ids) == 0:
+        return 0, 0
+    a = int(ids[0])
+    b = int(ids[1] - ids[0]) if len(ids) > 1 else 1
+    if b < 1 or not np.array_equal(ids, a + b * np.arange(len(ids), dtype=np.int64)):
+        return 0, 0
+    return a, b
+
 
 def run_planned(policy: Policy, cost: Any, kv: KVConfig, ids: np.ndarray, arrival: np.ndarray,
                 prompt: np.ndarray, out: np.ndarray, priority: np.ndarray | None,
