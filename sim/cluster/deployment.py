@@ -156,6 +156,10 @@ def _result(run: _Run, groups: list[Group], router: Router, seed: int, warmup_s:
     result.engine_reason = "a cluster of groups runs on the general engine"
     if driver is not None:  # each group on the compiled interpreter where it covers it
         result.engine, result.engine_reason = engines(groups, driver.reasons)
+    if result.engine != "compiled":  # general replicas driven by the cluster: plans in Python
+        result.step_engine_reason = "replicas driven from outside (the cluster's groups)"
+    else:
+        result.step_engine = "compiled"
     result.replicas = per_replica(table, steps, len(replicas))
     result.replicas.insert(1, "group", names)
     if run.weights is not None:

@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "77eb3e847629b3ad2717c783f2f577ed62a792a4a55ff39ae8674ad3a52a07af"
+LOOP_SHA256 = "e438f1f3cec70c3a4a5f2a7fcec90af1bf43d8a3077ca26610357a7ea489ee7c"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

@@ -477,11 +477,11 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
 
 
 @njit(**KERNEL)
-def apply_plan(s, run_ids, run_n, id_base, id_step, pre_rows, rej_rows, max_seqs,  # noqa: ANN001, ANN201, C901
-               max_tokens, queue_len, steady, admitted):
+def apply_plan(s, run, id_base, id_step, pre_rows, rej_rows, max_seqs, max_tokens,  # noqa: ANN001, ANN201, C901
+               queue_len, steady, admitted):
     """One scheduling point of a Python policy's plan (``sim.engine.planned``), on the packed
     arrays ``s`` (``compiled_state.ReplicaArrays``): ``Replica.begin`` after the policy
-    answered. ``run_ids`` / ``run_n`` are ``Plan.run``'s requests and tokens in its order; a
+    answered. ``run`` holds ``Plan.run``'s requests, then their tokens, in its order; a
     request is named by its id, the row ``(id - id_base) // id_step`` (whose ``RI_ID`` must
     match), or by its row when ``id_step`` is 0. ``pre_rows`` / ``rej_rows``: the preemptions and
     rejections, by row, in the plan's order.
@@ -493,70 +493,70 @@ def apply_plan(s, run_ids, run_n, id_base, id_step, pre_rows, rej_rows, max_seqs
     ``steady_stretch``, up to the next arrival (the caller's ``S_NXT``). ``queue_len`` is the
     queue the policy was shown; the requests the step admitted from it are written to
     ``admitted``. Returns the code (``IDLE``: nothing to run, the rejections made;
-    ``PAUSED``: a step taken; ``LOG_FULL`` / ``IRR_FULL``: nothing done, grow the buffer) and
-    the number admitted; ``s.out`` then holds the running requests' view columns
-    (``view_columns``)."""
+    ``PAUSED``: a step taken; ``LOG_FULL`` / ``IRR_FULL``: nothing done, grow the buffer), the
+    number admitted, and the running count, KV blocks used and clock after it; ``s.out``
+    then holds the running requests' view columns (``view_columns``)."""
     req_i, req_f, st_i, params_i = s.req_i, s.req_f, s.st_i, s.params_i
-    n_plan, n_pre, n_rej = run_ids.shape[0], pre_rows.shape[0], rej_rows.shape[0]
+    n_plan, n_pre, n_rej = run.shape[0] // 2, pre_rows.shape[0], rej_rows.shape[0]
+    now = s.st_f[SF_NOW]
     if st_i[S_N_LOG] >= s.log_i.shape[0]:
-        return LOG_FULL, 0
+        return LOG_FULL, 0, st_i[S_N_RUN], st_i[S_USED], now
     if st_i[S_N_IRR] + n_plan + 1 > s.irr.shape[0]:
-        return IRR_FULL, 0
+        return IRR_FULL, 0, st_i[S_N_RUN], st_i[S_USED], now
     plan_idx, plan_n = s.plan_idx, s.plan_n
     if n_plan > plan_idx.shape[0]:
-        return INVALID, 0
-    now = s.st_f[SF_NOW]
+        return INVALID, 0, 0, 0, now
     bs, num_blocks, nxt = params_i[P_BS], params_i[P_NUM_BLOCKS], st_i[S_NXT]
     # -- ``validate_plan`` (a broken rule may leave marks behind: the run starts over) ------
     for k in range(n_plan):  # the rows the plan names
-        i = run_ids[k]
+        i = run[k]
         if id_step:
             i -= id_base
             if i < 0 or i % id_step:
-                return INVALID, 0
+                return INVALID, 0, 0, 0, now
             i //= id_step
-            if i >= st_i[S_KNOWN] or req_i[i, RI_ID] != run_ids[k]:
-                return INVALID, 0
-        plan_idx[k], plan_n[k] = i, run_n[k]
+            if i >= st_i[S_KNOWN] or req_i[i, RI_ID] != run[k]:
+                return INVALID, 0, 0, 0, now
+        plan_idx[k], plan_n[k] = i, run[n_plan + k]
     st_i[S_STAMP] += 2
     mark_pre, mark_rej = st_i[S_STAMP] - 1, st_i[S_STAMP]
     for j in range(n_rej):  # waiting: arrived, not rejected, not running
         v = rej_rows[j]
         if v >= nxt or req_i[v, RI_STATUS] != WAITING or req_i[v, RI_DONE] == mark_rej:
-            return INVALID, 0
+            return INVALID, 0, 0, 0, now
         req_i[v, RI_DONE] = mark_rej
     freed = 0
     for j in range(n_pre):
         v = pre_rows[j]
         if req_i[v, RI_STATUS] != RUNNING or req_i[v, RI_DONE] == mark_pre:
-            return INVALID, 0
+            return INVALID, 0, 0, 0, now
         req_i[v, RI_DONE] = mark_pre
         freed += req_i[v, RI_BLOCKS]
     if n_plan == 0 and n_pre:  # preempting to make room needs KV that came from elsewhere
-        return INVALID, 0
+        return INVALID, 0, 0, 0, now
     if max_seqs >= 0 and n_plan > max_seqs:
-        return INVALID, 0
+        return INVALID, 0, 0, 0, now
     total = blocks = n_adm = 0
     for k in range(n_plan):
         i, n = plan_idx[k], plan_n[k]
         status, mark = req_i[i, RI_STATUS], req_i[i, RI_DONE]
         if status == RUNNING:
             if mark == mark_pre:  # both preempted and scheduled
-                return INVALID, 0
+                return INVALID, 0, 0, 0, now
         elif status != WAITING or i >= nxt or mark == mark_rej:
-            return INVALID, 0
+            return INVALID, 0, 0, 0, now
         else:
             admitted[n_adm] = i
             n_adm += 1
         c = req_i[i, RI_COMPUTED]
         if n < 1 or n > req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c:
-            return INVALID, 0
+            return INVALID, 0, 0, 0, now
         total += n
         blocks += blocks_needed(c + n, 0, req_i[i, RI_BLOCKS], bs)
     if max_tokens >= 0 and total > max_tokens:
-        return INVALID, 0
+        return INVALID, 0, 0, 0, now
     if blocks > num_blocks - st_i[S_USED] + freed:
-        return INVALID, 0
+        return INVALID, 0, 0, 0, now
     # -- the rejections and preemptions, then the step --------------------------------------
     for j in range(n_rej):
         v = rej_rows[j]
@@ -576,7 +576,7 @@ def apply_plan(s, run_ids, run_n, id_base, id_step, pre_rows, rej_rows, max_seqs
     st_i[S_N_HEAP] = queue_len - n_rej + requeued - n_adm  # the queue the step logs
     if n_plan == 0:
         view_columns(req_i, req_f, s.running, n_run, s.out)
-        return IDLE, 0
+        return IDLE, 0, n_run, st_i[S_USED], now
     n_run, joined, left, num_prefill = carry_out(
         req_i, req_f, s.running, n_run, plan_idx, plan_n, n_plan, params_i, s.analytic,
         s.terms, s.dense, s.log_i, s.log_f, s.log_b, s.irr, s.irr_count, st_i, s.st_f)
@@ -586,7 +586,7 @@ def apply_plan(s, run_ids, run_n, id_base, id_step, pre_rows, rej_rows, max_seqs
                        s.analytic, s.terms, s.dense, s.log_i, s.log_f, s.log_b, st_i, s.st_f,
                        np.inf, _BIG)
     view_columns(req_i, req_f, s.running, st_i[S_N_RUN], s.out)
-    return PAUSED, n_adm
+    return PAUSED, n_adm, st_i[S_N_RUN], st_i[S_USED], s.st_f[SF_NOW]
 
 
 #: The per-request columns of a ``SeqView`` after its id and arrival time, in its fields'

@@ -50,7 +50,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "6aaceb843feb0c8b0519191b4f4d1509b2fe168f1ed4bbedf370e89702358c7b"
+ROUTE_SHA256 = "1f3152bf1d96cae5d0909863758cfb8f85b8834107a007c64713faf08500b395"
 ROUTE_SOURCES = ("sim/core/load_rules.py", "sim/core/load_arrays.py",
                  "sim/engine/compiled_drive.py", "sim/engine/compiled_loop.py")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -110,8 +111,9 @@ class PlannedReplica:
         admitted = self._admitted
         id_base, id_step = self.id_base, self.id_step
         entry = rep.entry_reason
+        # the clock, running count and blocks used, as the last compiled call left them
+        now, n_run, used = float(st_f[0]), int(st_i[slots.S_N_RUN]), int(st_i[slots.S_USED])
         while True:
-            now = float(st_f[0])
             if horizon is not None and now >= horizon:
                 return
             if deadline is not None and time.perf_counter() > deadline:
@@ -129,10 +131,9 @@ class PlannedReplica:
                         self._queue_views = None
                     nxt += 1
                 st_i[slots.S_NXT] = nxt
-            n_run = int(st_i[slots.S_N_RUN])
             if not (waiting or preempted or n_run):
                 if nxt < n:  # idle until the next arrival
-                    st_f[0] = arrival[nxt]
+                    st_f[0] = now = arrival[nxt]
                     continue
                 return
             # -- the view -------------------------------------------------------------------
@@ -147,7 +148,6 @@ class PlannedReplica:
                 running = tuple(map(_NEW, [SeqView] * n_run, zip(*fields, strict=True)))
             else:
                 running = ()
-            used = int(st_i[slots.S_USED])
             view = View(now, views, running,
                         KVView(total_blocks, total_blocks - used, bs), nxt < n)
             plan = policy.schedule(view)
@@ -156,18 +156,19 @@ class PlannedReplica:
                 raise NotCovered(f"policy {policy.name!r} at t={now:.6f}s made a plan with "
                                  "padding rows" if plan.padding else "an unknown on_finish")
             run = plan.run
+            # the requests then their tokens, in one array; ids and counts must be ints (bools
+            # too, as ``validate_plan`` has it): a float, numpy scalar or any other number
+            # makes their sum another type
             try:
-                if id_step:  # by id, the rows computed in compiled code; ids must be ints
-                    if type(sum(run)) is not int:  # (a float or numpy key sums otherwise)
+                if id_step:  # by id: the compiled call finds the rows
+                    if type(sum(chain(run, run.values()))) is not int:
                         raise TypeError
-                    keys = np.fromiter(run, np.int64, len(run))
+                    flat = np.fromiter(chain(run, run.values()), np.int64, 2 * len(run))
                 else:
-                    keys = np.fromiter(map(row_of.__getitem__, run), np.int64, len(run))
-                # token counts must be ints (bools too, as ``validate_plan`` has it): any
-                # float, numpy scalar or other number makes their sum another type
-                if type(sum(run.values())) is not int:
-                    raise TypeError
-                tokens = np.fromiter(run.values(), np.int64, len(run))
+                    if type(sum(run.values())) is not int:
+                        raise TypeError
+                    flat = np.fromiter(chain(map(row_of.__getitem__, run), run.values()),
+                                       np.int64, 2 * len(run))
                 pre_rows = (np.fromiter(map(row_of.__getitem__, plan.preempt), np.int64,
                                         len(plan.preempt)) if plan.preempt else _EMPTY)
                 rej_rows = (np.fromiter(map(row_of.__getitem__, plan.reject), np.int64,
@@ -183,11 +184,11 @@ class PlannedReplica:
                 if rep.layout != self._layout:
                     self._packed = self._pack(rep, self._out)
                     self._layout = rep.layout
-                code, n_adm = self._apply(self._packed, keys, tokens, id_base, id_step,
-                                          pre_rows, rej_rows,
-                                          -1 if max_seqs is None else max_seqs,
-                                          -1 if max_tokens is None else max_tokens, queued,
-                                          steady_ok and plan.steady, admitted)
+                code, n_adm, n_run, used, now = self._apply(
+                    self._packed, flat, id_base, id_step, pre_rows, rej_rows,
+                    -1 if max_seqs is None else max_seqs,
+                    -1 if max_tokens is None else max_tokens, queued, steady_ok and plan.steady,
+                    admitted)
                 if code == slots.LOG_FULL:
                     self._grow_log()
                 elif code == slots.IRR_FULL:
@@ -219,7 +220,7 @@ class PlannedReplica:
                 wake = plan.wake_at_s
                 if wake is None:
                     if nxt >= n:
-                        if waiting or preempted or st_i[slots.S_N_RUN]:
+                        if waiting or preempted or n_run:
                             raise NotCovered("the policy stalled")  # the reference says so
                         return
                     wake = math.inf
@@ -227,7 +228,7 @@ class PlannedReplica:
                     raise NotCovered("a wake-up that is not in the future")
                 if nxt < n:
                     wake = min(wake, arrival[nxt])
-                st_f[0] = wake
+                st_f[0] = now = wake
 
     def _leave(self, row: int) -> None:
         """``row`` left the queue (admitted or rejected)."""

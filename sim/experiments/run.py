@@ -70,7 +70,8 @@ class ReportWriter(Protocol):
 
 
 #: Summary entries that vary between identical runs (timings) and stay out of summary.csv.
-VOLATILE = ("wall_s", "sim_engine", "sim_engine_reason")
+VOLATILE = ("wall_s", "sim_engine", "sim_engine_reason", "sim_step_engine",
+            "sim_step_engine_reason")
 
 
 def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:

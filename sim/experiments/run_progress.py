@@ -97,8 +97,11 @@ class RunProgress:
         self.t0 = clock()
 
     def attach(self, logs: Sequence[StepLog], arrivals: np.ndarray) -> None:
-        """The ``monitor`` of ``simulate``: start watching ``logs``."""
+        """The ``monitor`` of ``simulate``: start watching ``logs`` (called again, as when a
+        run starts over on the reference engine: watch the new ones, on the same bar)."""
         self.logs, self.arrivals = logs, np.asarray(arrivals, dtype=float)
+        if self._thread is not None:
+            return
         self.t0 = self.clock()
         if self.enabled and len(self.arrivals):
             # made now, so its rate and ETA count from the run's start; ``delay`` keeps a run

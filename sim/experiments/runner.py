@@ -267,7 +267,9 @@ def execute_run(config: dict[str, Any], base_dir: str | None, run_dir: str,
                "num_blocks": res.kv.num_blocks if res.kv and not res.kv.unlimited else None,
                # which simulator engine ran and why no faster one did (not a result: kept
                # out of summary.csv, reported on the console)
-               "sim_engine": res.engine, "sim_engine_reason": res.engine_reason}
+               "sim_engine": res.engine, "sim_engine_reason": res.engine_reason,
+               "sim_step_engine": res.step_engine,
+               "sim_step_engine_reason": res.step_engine_reason}
     if config.get("intervals", {}).get("draws"):  # prediction intervals: the run's draws
         from sim.experiments.intervals import config_intervals
 
