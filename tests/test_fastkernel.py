@@ -197,7 +197,8 @@ def test_auto_compiles_only_large_runs(monkeypatch):
     monkeypatch.setattr(compiled_run, "run_compiled",
                         lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
     monkeypatch.setattr(simulate, "COMPILED_MIN_REQUESTS", 50)
-    monkeypatch.setattr(compiled_cache, "loop_is_cached", lambda routed=False: True)
+    monkeypatch.setattr(compiled_cache, "loop_is_cached",
+                        lambda routed=False, planned=False: True)
     kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 2000}}
     small, large = _long_tailed(49, 1, 0.05), _long_tailed(50, 1, 0.05)
     sim.simulate(small, **kw)
@@ -216,7 +217,8 @@ def test_a_cold_cache_keeps_mid_sized_runs_on_the_general_engine(monkeypatch):
 
     monkeypatch.setattr(simulate, "COMPILED_MIN_REQUESTS", 20)
     monkeypatch.setattr(simulate, "COMPILED_COLD_MIN_REQUESTS", 60)
-    monkeypatch.setattr(compiled_cache, "loop_is_cached", lambda routed=False: False)
+    monkeypatch.setattr(compiled_cache, "loop_is_cached",
+                        lambda routed=False, planned=False: False)
     kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 2000}}
     mid = sim.simulate(_long_tailed(59, 1, 0.05), **kw)
     assert mid.engine == "general"
@@ -226,7 +228,8 @@ def test_a_cold_cache_keeps_mid_sized_runs_on_the_general_engine(monkeypatch):
     forced = sim.simulate(_long_tailed(59, 1, 0.05), **kw, fast_path="compiled")
     assert forced.engine == "compiled"
     assert_same_run(forced, mid)  # speed only: the same results
-    monkeypatch.setattr(compiled_cache, "loop_is_cached", lambda routed=False: True)
+    monkeypatch.setattr(compiled_cache, "loop_is_cached",
+                        lambda routed=False, planned=False: True)
     assert sim.simulate(_long_tailed(59, 1, 0.05), **kw).engine == "compiled"
 
 

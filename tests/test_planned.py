@@ -312,3 +312,30 @@ def test_which_runs_take_the_compiled_steps():
                             fast_path="compiled")
     assert (compiled.engine, compiled.step_engine, compiled.step_engine_reason) == (
         "compiled", "compiled", "")
+
+
+def test_a_bucketed_step_table_keeps_every_summary_metric():
+    reqs = _long_tail(400, 11)
+    kw = {"cost": ROOFLINE, "kv": {"num_blocks": 3000, "block_size": 16},
+          "step_table": "buckets"}
+    fast, slow = _pair(reqs, Packer(budget=512, max_seqs=32), **kw)
+    assert fast.step_engine == "compiled" and fast.step_table == "buckets"
+    assert_same_run(fast, slow)
+
+
+class NotAPlan(Packer):
+    """Returns the run mapping itself instead of a ``Plan``."""
+
+    name = "not-a-plan"
+
+    def schedule(self, view: View) -> Plan:
+        return super().schedule(view).run  # type: ignore[return-value]
+
+
+def test_a_policy_that_returns_no_plan_fails_as_on_the_reference():
+    reqs = _long_tail(20, 2)
+    with pytest.raises(AttributeError) as fast:
+        sim.simulate(reqs, policy=NotAPlan(), cost=ROOFLINE, fast_path="compiled")
+    with pytest.raises(AttributeError) as slow:
+        sim.simulate(reqs, policy=NotAPlan(), cost=ROOFLINE, checks=True)
+    assert str(fast.value) == str(slow.value)

@@ -30,7 +30,7 @@ import numpy as np
 
 from policies.registry import Policy
 from sim.core.scheduling import SchedulingSpec
-from sim.core.types import ON_FINISH, KVView, SeqView, View
+from sim.core.types import ON_FINISH, KVView, Plan, SeqView, View
 from sim.engine import compiled_slots as slots
 from sim.engine.compiled import CompiledReplica, Outcomes
 from sim.engine.compiled_plan import (
@@ -152,9 +152,12 @@ class PlannedReplica:
                         KVView(total_blocks, total_blocks - used, bs), nxt < n)
             plan = policy.schedule(view)
             # -- the plan as rows -----------------------------------------------------------
+            if plan.__class__ is not Plan:  # the reference says what it makes of it
+                raise NotCovered(f"policy {policy.name!r} returned a {type(plan).__name__}")
             if plan.padding or plan.on_finish not in ON_FINISH:
                 raise NotCovered(f"policy {policy.name!r} at t={now:.6f}s made a plan with "
-                                 "padding rows" if plan.padding else "an unknown on_finish")
+                                 + ("padding rows" if plan.padding
+                                    else f"on_finish={plan.on_finish!r}"))
             run = plan.run
             # the requests then their tokens, in one array; ids and counts must be ints (bools
             # too, as ``validate_plan`` has it): a float, numpy scalar or any other number
@@ -173,7 +176,7 @@ class PlannedReplica:
                                         len(plan.preempt)) if plan.preempt else _EMPTY)
                 rej_rows = (np.fromiter(map(row_of.__getitem__, plan.reject), np.int64,
                                         len(plan.reject)) if plan.reject else _EMPTY)
-            except (KeyError, TypeError, OverflowError):
+            except (KeyError, TypeError, OverflowError, AttributeError):
                 raise NotCovered(f"policy {policy.name!r} at t={now:.6f}s named a request "
                                  "it was not shown or gave a count that is not an int"
                                  ) from None

@@ -402,7 +402,7 @@ def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = F
                 "that repay loading the compiled interpreter")
     from sim.engine.compiled_cache import loop_is_cached
 
-    if not loop_is_cached(routed, planned):
+    if not loop_is_cached(routed, planned=planned):
         return (f"{per_replica} requests on a replica, fewer than the "
                 f"{COMPILED_COLD_MIN_REQUESTS} that repay compiling the compiled interpreter "
                 "(not in numba's cache on this machine yet; the first larger run, or "
