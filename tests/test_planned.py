@@ -339,3 +339,19 @@ def test_a_policy_that_returns_no_plan_fails_as_on_the_reference():
     with pytest.raises(AttributeError) as slow:
         sim.simulate(reqs, policy=NotAPlan(), cost=ROOFLINE, checks=True)
     assert str(fast.value) == str(slow.value)
+
+
+class Uncopyable(Packer):
+    """A packer holding something ``copy.deepcopy`` refuses (a generator)."""
+
+    name = "uncopyable"
+
+    def __init__(self) -> None:
+        super().__init__(budget=64, max_seqs=8)
+        self.ticks = (i for i in range(10**9))
+
+
+def test_a_policy_that_cannot_be_copied_keeps_its_plans_in_python():
+    reqs = _long_tail(50, 4)
+    res = sim.simulate(reqs, policy=Uncopyable(), cost=ROOFLINE, fast_path="compiled")
+    assert res.step_engine == "python" and "cannot be copied" in res.step_engine_reason

@@ -220,9 +220,14 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     else:
         steps_reason = (_steps_blocker(policies[0], kv_config, cost, checks, driver, cols,
                                        num_replicas, fast_path))
-        table = None
+        planned_table: pd.DataFrame | None = None
+        if not steps_reason:
+            try:  # fresh policies for the reference, should a plan need it
+                pristine = copy.deepcopy(policies)
+            except Exception as e:  # noqa: BLE001 - any failure to copy means: no copy
+                steps_reason = (f"the policy cannot be copied ({type(e).__name__}), which "
+                                "carrying its plans out on compiled steps needs")
         if not steps_reason:  # the policy's plans, carried out on compiled steps
-            pristine = copy.deepcopy(policies)  # for the reference, should a plan need it
             cols["priority"] = _priorities(requests)
             cols = _arrival_order(cols)
             logs = [new_log() for _ in policies]
@@ -233,11 +238,13 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                                      logs[k], max_model_len=limit, horizon_s=horizon_s,
                                      deadline=deadline, skip=event_skipping)
                         for k in range(num_replicas)]
-                table = _fast_request_table(cols, runs)
+                planned_table = _fast_request_table(cols, runs)
             except NotCovered as why:
                 steps_reason = f"{why}: the run was carried out again in Python"
                 policies = pristine
-        if table is None:
+        if planned_table is not None:
+            table = planned_table
+        else:
             reqs = _sorted_requests(requests)
             logs = [new_log()]
             if monitor is not None:
