@@ -239,18 +239,8 @@ class CompiledReplica:
                             self.terms, self.dense, self.log_i, self.log_f, self.log_b,
                             self.irr, self.irr_count, self.st_i, self.st_f, float(t),
                             steps, self.residues)
-            if code == slots.LOG_FULL:
-                if self.on_log_full is not None and self.on_log_full(self):
-                    continue
-                rows = 2 * len(self.log_i)
-                self.log_i.resize((rows, len(INT_COLUMNS)), refcheck=False)
-                self.log_f.resize((rows, len(FLOAT_COLUMNS)), refcheck=False)
-                self.log_b.resize(rows, refcheck=False)
-                self.layout += 1
-            elif code == slots.IRR_FULL:
-                self.irr.resize((2 * len(self.irr), 2), refcheck=False)
-                self.irr_count.resize(len(self.irr), refcheck=False)
-                self.layout += 1
+            if code == slots.LOG_FULL or code == slots.IRR_FULL:
+                self.make_room(code)
             elif code == slots.PAUSED and deadline is not None and self.now <= t:
                 if time.perf_counter() > deadline:
                     return slots.DONE  # wall-clock budget spent: the run ends here
@@ -265,6 +255,21 @@ class CompiledReplica:
 
     #: Called when the step log is full (``StepLog`` folding); True when it made room.
     on_log_full: Any = None
+
+    def make_room(self, code: int) -> None:
+        """Room for the loop to go on after it returned ``LOG_FULL`` (the step log folded by
+        ``on_log_full``, or doubled) or ``IRR_FULL`` (the irregular-gap log doubled)."""
+        if code == slots.IRR_FULL:
+            self.irr.resize((2 * len(self.irr), 2), refcheck=False)
+            self.irr_count.resize(len(self.irr), refcheck=False)
+        elif self.on_log_full is not None and self.on_log_full(self):
+            return  # folded: the same buffers, emptied
+        else:
+            rows = 2 * len(self.log_i)
+            self.log_i.resize((rows, len(INT_COLUMNS)), refcheck=False)
+            self.log_f.resize((rows, len(FLOAT_COLUMNS)), refcheck=False)
+            self.log_b.resize(rows, refcheck=False)
+        self.layout += 1
 
     @property
     def now(self) -> float:

@@ -108,8 +108,19 @@ def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, checks: boo
     if spec is None:
         return (f"policy {getattr(policy, 'name', type(policy).__name__)!r} is not a preset of "
                 "the scheduling specification")
-    why = (uncovered(spec, COMPILED_SPEC, "policy.", PATH)
-           or uncovered(kv, COMPILED_KV, "kv.", PATH))
+    why = uncovered(spec, COMPILED_SPEC, "policy.", PATH)
+    if why:
+        return why
+    return _steps_blocker(kv, cost, checks, PATH, event_skipping)
+
+
+def _steps_blocker(kv: KVConfig, cost: object, checks: bool, path: str,
+                   event_skipping: bool = True) -> str:
+    """Why compiled arrays cannot carry out this run's steps, whoever plans them ('' when
+    they can): a KV setting outside ``COMPILED_KV``, per-step checks, event skipping off
+    (asked of the interpreter, which always skips), or a cost model the interpreter does not
+    cost itself."""
+    why = uncovered(kv, COMPILED_KV, "kv.", path)
     if why:
         return why
     if checks:
@@ -135,13 +146,4 @@ def planned_blocker(policy: object, kv: KVConfig, cost: object, *, checks: bool)
     if isinstance(policy, PADDING_POLICIES):
         return (f"policy {getattr(policy, 'name', type(policy).__name__)!r} pads its batches "
                 "(the general engine runs them to completion in one event)")
-    why = uncovered(kv, COMPILED_KV, "kv.", STEPS_PATH)
-    if why:
-        return why
-    if checks:
-        return "per-step invariant checks (checks=True)"
-    if getattr(getattr(cost, "model", None), "sliding_window", None) is not None:
-        return "a sliding-window model"
-    if cost_kind(cost) < 0:
-        return "the cost model is not a RooflineCost, ConstantCost or LinearCost"
-    return ""
+    return _steps_blocker(kv, cost, checks, STEPS_PATH)

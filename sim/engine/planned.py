@@ -192,14 +192,9 @@ class PlannedReplica:
                     -1 if max_seqs is None else max_seqs,
                     -1 if max_tokens is None else max_tokens, queued, steady_ok and plan.steady,
                     admitted)
-                if code == slots.LOG_FULL:
-                    self._grow_log()
-                elif code == slots.IRR_FULL:
-                    rep.irr.resize((2 * len(rep.irr), 2), refcheck=False)
-                    rep.irr_count.resize(len(rep.irr), refcheck=False)
-                    rep.layout += 1
-                else:
+                if code != slots.LOG_FULL and code != slots.IRR_FULL:
                     break
+                rep.make_room(code)
             if code == slots.INVALID:
                 raise NotCovered(f"policy {policy.name!r} at t={now:.6f}s made a plan that "
                                  "breaks a rule")
@@ -242,16 +237,6 @@ class PlannedReplica:
         del self._queue[row]
         self._queue_views = None
 
-    def _grow_log(self) -> None:
-        """Double the step log's buffers (or fold them into the step table's buckets)."""
-        rep = self.rep
-        if rep.on_log_full is not None and rep.on_log_full(rep):
-            return
-        rows = 2 * len(rep.log_i)
-        rep.log_i.resize((rows, rep.log_i.shape[1]), refcheck=False)
-        rep.log_f.resize((rows, rep.log_f.shape[1]), refcheck=False)
-        rep.log_b.resize(rows, refcheck=False)
-        rep.layout += 1
 
 def affine(ids: np.ndarray) -> tuple[int, int]:
     """``(a, b)`` with ``ids == a + b * arange(len(ids))`` and ``b >= 1``, else ``(0, 0)``."""

@@ -131,8 +131,12 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     engine. ``SimResult.engine`` and ``engine_reason`` say which engine ran and why no faster
     one did. ``True`` takes it when a replica has at least ``COMPILED_MIN_REQUESTS`` requests
     (below that, loading it costs more than it saves); ``"compiled"`` takes it whatever the
-    size and ``"interpreted"`` keeps the general engine. All give the same results, bit for
-    bit. ``step_table`` keeps one row per step (``"full"``), or
+    size and ``"interpreted"`` keeps the general engine. On the general engine a policy that
+    is not a padding one (static, dynamic) has its plans carried out on compiled steps
+    (``sim.engine.planned``) on the same terms of coverage and size (``False`` counts as
+    ``True`` there, ``"interpreted"`` keeps them in Python, ``checks=True`` too);
+    ``SimResult.step_engine`` and ``step_engine_reason`` say which. All give the same
+    results, bit for bit. ``step_table`` keeps one row per step (``"full"``), or
     folds the rows into fixed time buckets as the run goes (``"buckets"``:
     ``sim.metrics.stream``, memory flat in the number of steps; every summary metric still
     computed from every step), or keeps them whole up to ``AUTO_MAX_STEPS`` steps and
