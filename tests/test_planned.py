@@ -355,3 +355,32 @@ def test_a_policy_that_cannot_be_copied_keeps_its_plans_in_python():
     reqs = _long_tail(50, 4)
     res = sim.simulate(reqs, policy=Uncopyable(), cost=ROOFLINE, fast_path="compiled")
     assert res.step_engine == "python" and "cannot be copied" in res.step_engine_reason
+
+
+def test_progress_is_read_from_the_compiled_arrays_as_the_run_goes():
+    # the step log fills only at the end: the run counts for itself (``sim.metrics.live``)
+    from sim.experiments.run_progress import requests_done, steps_taken
+
+    seen, samples = {}, []
+
+    class Watched(Packer):  # reads the progress at each plan, as the bar's thread would
+        def schedule(self, view: View) -> Plan:
+            if "logs" in seen:
+                done, reached = requests_done(seen["logs"], seen["arrivals"])
+                samples.append((view.now_s, done, reached, steps_taken(seen["logs"])))
+            return super().schedule(view)
+
+    def monitor(logs, arrivals):  # noqa: ANN001, ANN202
+        seen["logs"], seen["arrivals"] = logs, arrivals
+
+    reqs = _long_tail(300, 8)
+    res = sim.simulate(reqs, policy=Watched(budget=512, max_seqs=32), cost=ROOFLINE,
+                       kv={"num_blocks": 3000, "block_size": 16}, fast_path="compiled",
+                       monitor=monitor)
+    assert res.step_engine == "compiled"
+    finish = res.requests["finish_s"].to_numpy()
+    ends = (res.steps["start_s"] + res.steps["duration_s"]).to_numpy()
+    for now, done, reached, steps in samples:  # exact at every scheduling point
+        assert (done, reached, steps) == (int((finish <= now).sum()), now,
+                                          int((ends <= now).sum()))
+    assert samples[-1][1] > len(reqs) / 2

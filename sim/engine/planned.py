@@ -43,6 +43,7 @@ from sim.engine.compiled_plan import (
 )
 from sim.engine.coverage import NotCovered
 from sim.kv.config import KVConfig
+from sim.metrics.live import LiveLogs
 from sim.metrics.steplog import StepLog
 
 _NEW = tuple.__new__
@@ -249,21 +250,49 @@ def affine(ids: np.ndarray) -> tuple[int, int]:
     return a, b
 
 
-def run_planned(policy: Policy, cost: Any, kv: KVConfig, ids: np.ndarray, arrival: np.ndarray,
-                prompt: np.ndarray, out: np.ndarray, priority: np.ndarray | None,
-                log: StepLog, *, max_model_len: int | None, horizon_s: float | None,
-                deadline: float | None, skip: bool, replica: int = 0) -> Outcomes:
-    """Simulate one replica's requests (arrival order) under ``policy``'s plans on compiled
-    steps; fill ``log`` and return the outcomes in that order (``NotCovered``: see the
-    module docstring)."""
-    from sim.engine.compiled_run import fold_when_full, hand_over
+def planned_replica(policy: Policy, cost: Any, kv: KVConfig, ids: np.ndarray,
+                    arrival: np.ndarray, prompt: np.ndarray, out: np.ndarray,
+                    priority: np.ndarray | None, log: StepLog, *, max_model_len: int | None,
+                    horizon_s: float | None, deadline: float | None, skip: bool,
+                    replica: int = 0) -> PlannedReplica:
+    """A ``PlannedReplica`` for one replica's requests (arrival order) under ``policy``,
+    whose full step buffer folds into ``log`` when its step table is bucketed; ``run`` it,
+    then ``hand_over``."""
+    from sim.engine.compiled_run import fold_when_full
 
     rp = PlannedReplica(policy, cost, kv, ids, arrival, prompt, out, priority,
                         max_model_len=max_model_len, horizon_s=horizon_s, deadline=deadline,
                         skip=skip)
     rp.rep.on_log_full = fold_when_full(log, replica)
-    rp.run()
-    outcomes = hand_over(rp.rep, log, replica)
-    for row, reason in rp.policy_reason.items():  # the policy's own words
+    return rp
+
+
+def hand_over(rp: PlannedReplica, log: StepLog, replica: int) -> Outcomes:
+    """Fill ``log`` with the steps of ``rp`` (run to its end) and return its outcomes in its
+    arrival order, the policy's rejections in its own words."""
+    from sim.engine import compiled_run
+
+    outcomes = compiled_run.hand_over(rp.rep, log, replica)
+    for row, reason in rp.policy_reason.items():
         outcomes.reason[row] = reason
     return outcomes
+
+
+def live_logs(logs: list[StepLog], reps: list[PlannedReplica]) -> LiveLogs:
+    """``logs`` (one per replica) with the run's own progress, read from the replicas' arrays
+    when asked: requests finished or rejected, steps taken (folded into buckets or still in a
+    buffer, which fills the log only at the end) and the furthest clock."""
+    from sim.engine.compiled_plan import RI_STATUS
+
+    def done() -> int:
+        return sum(int(np.count_nonzero(rp.rep.req_i[:rp.rep.num_requests, RI_STATUS]
+                                        >= slots.FINISHED)) for rp in reps)
+
+    def steps() -> int:
+        return sum(rp.rep.num_steps + (log.stream.num_rows if log.stream is not None else 0)
+                   for rp, log in zip(reps, logs, strict=True))
+
+    def reached_s() -> float:
+        return max([0.0, *(rp.rep.now for rp in reps)])
+
+    return LiveLogs(logs, done, steps, reached_s)

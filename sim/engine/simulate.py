@@ -143,7 +143,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     buckets beyond (``"auto"``). ``monitor`` is handed the step logs (one per replica on
     the fast path, one shared otherwise) and the arrival times in order just before the run
     starts, for a progress display that reads them from another thread: nothing is added to
-    the loops (a compiled replica's log fills when it ends).
+    the loops (a compiled replica's log fills when it ends; a run on compiled steps hands over
+    ``sim.metrics.live.LiveLogs``, which count from the replicas' arrays when asked).
 
     Every argument a YAML key also sets is checked by that key's rule, with its words:
     ``horizon_s``, ``wall_clock_s`` and ``max_model_len`` as ``limits.*`` (``None``, not
@@ -232,16 +233,24 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                 steps_reason = (f"the policy cannot be copied ({type(e).__name__}), which "
                                 "carrying its plans out on compiled steps needs")
         if not steps_reason:  # the policy's plans, carried out on compiled steps
+            from sim.engine import planned  # numba loads here, not at import
+
             cols["priority"] = _priorities(requests)
             cols = _arrival_order(cols)
             logs = [new_log() for _ in policies]
+            share = [{name: v[k::num_replicas] for name, v in cols.items()}
+                     for k in range(num_replicas)]  # round robin, as ``_run_compiled``
+            reps = [planned.planned_replica(
+                policies[k], cost, kv_config, c["id"], c["arrival_s"], c["num_prompt_tokens"],
+                c["num_output_tokens"], c["priority"], logs[k], max_model_len=limit,
+                horizon_s=horizon_s, deadline=deadline, skip=event_skipping, replica=k)
+                for k, c in enumerate(share)]
             if monitor is not None:
-                monitor(logs, cols["arrival_s"])
+                monitor(planned.live_logs(logs, reps), cols["arrival_s"])
             try:
-                runs = [_run_planned(cols, k, num_replicas, policies[k], cost, kv_config,
-                                     logs[k], max_model_len=limit, horizon_s=horizon_s,
-                                     deadline=deadline, skip=event_skipping)
-                        for k in range(num_replicas)]
+                for rep in reps:
+                    rep.run()
+                runs = [planned.hand_over(rep, logs[k], k) for k, rep in enumerate(reps)]
                 planned_table = _fast_request_table(cols, runs)
             except NotCovered as why:
                 steps_reason = f"{why}: the run was carried out again in Python"
@@ -384,19 +393,6 @@ def _steps_blocker(policy: Policy, kv: KVConfig, cost: CostModel, checks: bool,
         return "request ids that are not all integers"
     return size_blocker(len(cols["arrival_s"]), num_replicas,
                         True if fast_path is False else fast_path, planned=True)
-
-
-def _run_planned(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Policy,
-                 cost: CostModel, kv: KVConfig, log: StepLog, *, max_model_len: int | None,
-                 horizon_s: float | None, deadline: float | None, skip: bool) -> Outcomes:
-    """Run replica ``k``'s round-robin share with ``policy``'s plans on compiled steps."""
-    from sim.engine.planned import run_planned  # numba loads here, not at import
-
-    arrival, prompt, out, ids, priority = (cols[name][k::num_replicas] for name in (
-        "arrival_s", "num_prompt_tokens", "num_output_tokens", "id", "priority"))
-    return run_planned(policy, cost, kv, ids, arrival, prompt, out, priority, log,
-                       max_model_len=max_model_len, horizon_s=horizon_s, deadline=deadline,
-                       skip=skip, replica=k)
 
 
 def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False,

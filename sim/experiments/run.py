@@ -275,6 +275,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
             rejected.append(rejected_phrase(labels.get(rid, rid), rid, result))
         if result.get("sim_engine") == "general":
             why = result.get("sim_engine_reason") or "unknown"
+            if result.get("sim_step_engine") == "compiled":
+                why += " (its plans carried out on compiled steps)"
             general[why] = general.get(why, 0) + 1
 
     try:
