@@ -50,6 +50,43 @@ _NEW = tuple.__new__
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
+class QueueViews:
+    """The waiting queue as a policy is shown it — preempted requests newest first, then the
+    others in arrival order — as one tuple of views with the rows beside it. A change at an end
+    (arrivals join the back, a preempted request the front, requests leave from the front in
+    queue order) is a tuple operation in C; any other leaves rebuild the tuple. A long queue
+    therefore costs a copy in C per change instead of a view lookup a request."""
+
+    def __init__(self) -> None:
+        self.views: tuple[SeqView, ...] = ()
+        self.rows: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def arrive(self, rows: list[int], views: list[SeqView]) -> None:
+        """New requests join the back, in arrival order."""
+        self.views += tuple(views)
+        self.rows += rows
+
+    def preempted(self, row: int, view: SeqView) -> None:
+        """A request just preempted joins the front (the newest preempted leads)."""
+        self.views = (view, *self.views)
+        self.rows.insert(0, row)
+
+    def leave(self, rows: list[int]) -> None:
+        """``rows`` left the queue (admitted or rejected)."""
+        k = len(rows)
+        if self.rows[:k] == rows or set(self.rows[:k]) == set(rows):  # the front, in order
+            self.views = self.views[k:]
+            del self.rows[:k]
+            return
+        gone = set(rows)
+        keep = [i for i, r in enumerate(self.rows) if r not in gone]
+        self.views = tuple(map(self.views.__getitem__, keep))
+        self.rows = list(map(self.rows.__getitem__, keep))
+
+
 class PlannedReplica:
     """One replica: a Python policy's plans on compiled arrays (see the module docstring)."""
 
@@ -84,10 +121,7 @@ class PlannedReplica:
                                     np.asarray(priority, dtype=np.int64).tolist())
         self.prompt: list[int] = np.asarray(prompt, dtype=np.int64).tolist()
         self.policy_reason: dict[int, str] = {}  # row -> a policy's words for its rejection
-        self.waiting: dict[int, None] = {}  # rows, in arrival order
-        self.preempted: dict[int, None] = {}  # rows, in order of preemption (shown newest first)
-        self._queue: dict[int, SeqView] = {}  # each queued row's view, kept while it waits
-        self._queue_views: tuple[SeqView, ...] | None = ()
+        self.queue = QueueViews()
         self._admitted = np.empty(rows + 1, dtype=np.int64)
         # the running requests' view columns, as ``compiled_loop.view_columns`` writes them
         width, fields = len(rep.running), 2 + len(compiled_loop.VIEW_COLUMNS)
@@ -107,7 +141,7 @@ class PlannedReplica:
         n, nxt = len(arrival), 0
         total_blocks, bs = kv.num_blocks, kv.block_size
         horizon, deadline = self.horizon_s, self.deadline
-        waiting, preempted, queue = self.waiting, self.preempted, self._queue
+        queue = self.queue
         steady_ok = self.skip
         admitted = self._admitted
         id_base, id_step = self.id_base, self.id_step
@@ -121,35 +155,31 @@ class PlannedReplica:
                 return
             # -- ``_take_arrivals`` ---------------------------------------------------------
             if nxt < n and arrival[nxt] <= now:
+                rows, joining = [], []
                 while nxt < n and arrival[nxt] <= now:
                     if nxt in entry:  # never fits: rejected as it arrives
                         ri[nxt, RI_STATUS], ri[nxt, RI_REASON] = slots.REJECTED, slots.ON_ARRIVAL
                         rep.req_f[nxt, RF_FINISH] = now
                     else:
-                        waiting[nxt] = None
-                        queue[nxt] = _NEW(SeqView, (ids[nxt], arrival[nxt], self.prompt[nxt],
-                                                    0, 0, 0, 0, self.priority[nxt]))
-                        self._queue_views = None
+                        rows.append(nxt)
+                        joining.append(_NEW(SeqView, (ids[nxt], arrival[nxt], self.prompt[nxt],
+                                                      0, 0, 0, 0, self.priority[nxt])))
                     nxt += 1
+                queue.arrive(rows, joining)
                 st_i[slots.S_NXT] = nxt
-            if not (waiting or preempted or n_run):
+            if not (queue.rows or n_run):
                 if nxt < n:  # idle until the next arrival
                     st_f[0] = now = arrival[nxt]
                     continue
                 return
             # -- the view -------------------------------------------------------------------
-            views = self._queue_views
-            if views is None:
-                views = self._queue_views = (
-                    *map(queue.__getitem__, reversed(preempted)),
-                    *map(queue.__getitem__, waiting))
             if n_run:  # the columns the last call wrote, zipped into named tuples
                 fields = self._view_cols[:, :n_run].tolist()
                 fields[1] = self._view_arrival[:n_run].tolist()
                 running = tuple(map(_NEW, [SeqView] * n_run, zip(*fields, strict=True)))
             else:
                 running = ()
-            view = View(now, views, running,
+            view = View(now, queue.views, running,
                         KVView(total_blocks, total_blocks - used, bs), nxt < n)
             plan = policy.schedule(view)
             # -- the plan as rows -----------------------------------------------------------
@@ -181,18 +211,22 @@ class PlannedReplica:
                 raise NotCovered(f"policy {policy.name!r} at t={now:.6f}s named a request "
                                  "it was not shown or gave a count that is not an int"
                                  ) from None
-            queued = len(waiting) + len(preempted)
+            queued = len(queue)
             # the limits as they are now (``validate_plan`` reads them at every plan)
             max_seqs, max_tokens = policy.max_num_seqs, policy.max_num_batched_tokens
+            max_seqs = -1 if max_seqs is None else max_seqs
+            max_tokens = -1 if max_tokens is None else max_tokens
+            if max_seqs.__class__ is not int or max_tokens.__class__ is not int:
+                # (a float or numpy limit would also make numba compile another version)
+                raise NotCovered(f"policy {policy.name!r} has a limit that is not an int")
+            steady = bool(steady_ok and plan.steady)
             while True:
                 if rep.layout != self._layout:
                     self._packed = self._pack(rep, self._out)
                     self._layout = rep.layout
                 code, n_adm, n_run, used, now = self._apply(
-                    self._packed, flat, id_base, id_step, pre_rows, rej_rows,
-                    -1 if max_seqs is None else max_seqs,
-                    -1 if max_tokens is None else max_tokens, queued, steady_ok and plan.steady,
-                    admitted)
+                    self._packed, flat, id_base, id_step, pre_rows, rej_rows, max_seqs,
+                    max_tokens, queued, steady, admitted)
                 if code != slots.LOG_FULL and code != slots.IRR_FULL:
                     break
                 rep.make_room(code)
@@ -200,26 +234,22 @@ class PlannedReplica:
                 raise NotCovered(f"policy {policy.name!r} at t={now:.6f}s made a plan that "
                                  "breaks a rule")
             # -- the queue after the plan ---------------------------------------------------
-            if plan.reject:
-                for r, reason in zip(rej_rows.tolist(), plan.reject.values(), strict=True):
+            if plan.reject or n_adm:
+                gone = rej_rows.tolist() if plan.reject else []
+                for r, reason in zip(gone, plan.reject.values(), strict=True):
                     self.policy_reason[r] = reason
-                    self._leave(r)
-            if n_adm:
-                for r in admitted[:n_adm].tolist():
-                    self._leave(r)
+                queue.leave(gone + admitted[:n_adm].tolist())
             if plan.preempt:
                 for r in pre_rows.tolist():
                     if ri[r, RI_STATUS] == slots.WAITING:  # else rejected (preempted too often)
-                        preempted[r] = None
-                        queue[r] = _NEW(SeqView, (ids[r], arrival[r], self.prompt[r],
-                                                  int(ri[r, RI_GENERATED]), 0,
-                                                  int(ri[r, RI_NPRE]), 0, self.priority[r]))
-                        self._queue_views = None
+                        queue.preempted(r, _NEW(SeqView, (
+                            ids[r], arrival[r], self.prompt[r], int(ri[r, RI_GENERATED]), 0,
+                            int(ri[r, RI_NPRE]), 0, self.priority[r])))
             if code == slots.IDLE:  # nothing to run: until the wake-up or the next arrival
                 wake = plan.wake_at_s
                 if wake is None:
                     if nxt >= n:
-                        if waiting or preempted or n_run:
+                        if queue.rows or n_run:
                             raise NotCovered("the policy stalled")  # the reference says so
                         return
                     wake = math.inf
@@ -228,15 +258,6 @@ class PlannedReplica:
                 if nxt < n:
                     wake = min(wake, arrival[nxt])
                 st_f[0] = now = wake
-
-    def _leave(self, row: int) -> None:
-        """``row`` left the queue (admitted or rejected)."""
-        if row in self.waiting:
-            del self.waiting[row]
-        else:
-            del self.preempted[row]
-        del self._queue[row]
-        self._queue_views = None
 
 
 def affine(ids: np.ndarray) -> tuple[int, int]:
