@@ -245,16 +245,20 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                 c["num_output_tokens"], c["priority"], logs[k], max_model_len=limit,
                 horizon_s=horizon_s, deadline=deadline, skip=event_skipping, replica=k)
                 for k, c in enumerate(share)]
+            live = planned.live_logs(logs, reps)
             if monitor is not None:
-                monitor(planned.live_logs(logs, reps), cols["arrival_s"])
+                monitor(live, cols["arrival_s"])
             try:
-                for rep in reps:
-                    rep.run()
-                runs = [planned.hand_over(rep, logs[k], k) for k, rep in enumerate(reps)]
+                for k in range(num_replicas):
+                    reps[k].run()
+                runs = [planned.hand_over(reps[k], logs[k], k) for k in range(num_replicas)]
+                live.freeze()
+                del reps, live  # the replicas' arrays go before the tables are built
                 planned_table = _fast_request_table(cols, runs)
             except NotCovered as why:
                 steps_reason = f"{why}: the run was carried out again in Python"
                 policies = pristine
+                reps.clear()  # their arrays go before the reference runs
         if planned_table is not None:
             table = planned_table
         else:

@@ -35,3 +35,10 @@ class LiveLogs(list[StepLog]):
     def reached_s(self) -> float:
         """The simulated time the run has reached."""
         return self._reached_s()
+
+    def freeze(self) -> None:
+        """Keep the counts as they are now and drop what they were read from (a run that has
+        ended lets its state go before its results are assembled)."""
+        done, steps, reached = self._done(), self._steps(), self._reached_s()
+        self._done, self._steps, self._reached_s = (lambda: done), (lambda: steps), (
+            lambda: reached)
