@@ -227,38 +227,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                                        num_replicas, fast_path))
         planned_table: pd.DataFrame | None = None
         if not steps_reason:
-            try:  # fresh policies for the reference, should a plan need it
-                pristine = copy.deepcopy(policies)
-            except Exception as e:  # noqa: BLE001 - any failure to copy means: no copy
-                steps_reason = (f"the policy cannot be copied ({type(e).__name__}), which "
-                                "carrying its plans out on compiled steps needs")
-        if not steps_reason:  # the policy's plans, carried out on compiled steps
-            from sim.engine import planned  # numba loads here, not at import
-
-            cols["priority"] = _priorities(requests)
-            cols = _arrival_order(cols)
-            logs = [new_log() for _ in policies]
-            share = [{name: v[k::num_replicas] for name, v in cols.items()}
-                     for k in range(num_replicas)]  # round robin, as ``_run_compiled``
-            reps = [planned.planned_replica(
-                policies[k], cost, kv_config, c["id"], c["arrival_s"], c["num_prompt_tokens"],
-                c["num_output_tokens"], c["priority"], logs[k], max_model_len=limit,
-                horizon_s=horizon_s, deadline=deadline, skip=event_skipping, replica=k)
-                for k, c in enumerate(share)]
-            live = planned.live_logs(logs, reps)
-            if monitor is not None:
-                monitor(live, cols["arrival_s"])
-            try:
-                for k in range(num_replicas):
-                    reps[k].run()
-                runs = [planned.hand_over(reps[k], logs[k], k) for k in range(num_replicas)]
-                live.freeze()
-                del reps, live  # the replicas' arrays go before the tables are built
-                planned_table = _fast_request_table(cols, runs)
-            except NotCovered as why:
-                steps_reason = f"{why}: the run was carried out again in Python"
-                policies = pristine
-                reps.clear()  # their arrays go before the reference runs
+            planned_table, logs, policies, steps_reason = _on_compiled_steps(
+                requests, cols, policies, cost, kv_config, new_log, monitor, max_model_len=limit,
+                horizon_s=horizon_s, deadline=deadline, skip=event_skipping)
         if planned_table is not None:
             table = planned_table
         else:
@@ -397,6 +368,49 @@ def _steps_blocker(policy: Policy, kv: KVConfig, cost: CostModel, checks: bool,
         return "request ids that are not all integers"
     return size_blocker(len(cols["arrival_s"]), num_replicas,
                         True if fast_path is False else fast_path, planned=True)
+
+
+def _on_compiled_steps(requests: Sequence[Request] | TraceArrays, cols: dict[str, np.ndarray],
+                       policies: list[Policy], cost: CostModel, kv: KVConfig,
+                       new_log: Callable[[], StepLog], monitor: Any, *,
+                       max_model_len: int | None, horizon_s: float | None,
+                       deadline: float | None, skip: bool
+                       ) -> tuple[pd.DataFrame | None, list[StepLog], list[Policy], str]:
+    """Run the policies' plans on compiled steps (``sim.engine.planned``), one replica after
+    the other on its round-robin share. Returns the request table, the step logs, the
+    policies and '' — or, when a plan needs the reference (``NotCovered``) or the policies
+    cannot be copied for that case, ``None``, no logs, fresh copies of the policies taken
+    before the run and the reason."""
+    try:  # fresh policies for the reference, should a plan need it
+        pristine = copy.deepcopy(policies)
+    except Exception as e:  # noqa: BLE001 - any failure to copy means: no copy
+        return None, [], policies, (f"the policy cannot be copied ({type(e).__name__}), "
+                                    "which carrying its plans out on compiled steps needs")
+    from sim.engine import planned  # numba loads here, not at import
+
+    cols = _arrival_order({**cols, "priority": _priorities(requests)})
+    n = len(policies)
+    logs = [new_log() for _ in policies]
+    reps = []
+    for k in range(n):  # round robin, as ``_run_compiled``
+        c = {name: v[k::n] for name, v in cols.items()}
+        reps.append(planned.planned_replica(
+            policies[k], cost, kv, c["id"], c["arrival_s"], c["num_prompt_tokens"],
+            c["num_output_tokens"], c["priority"], logs[k], max_model_len=max_model_len,
+            horizon_s=horizon_s, deadline=deadline, skip=skip, replica=k))
+    live = planned.live_logs(logs, reps)
+    if monitor is not None:
+        monitor(live, cols["arrival_s"])
+    try:
+        for k in range(n):
+            reps[k].run()
+    except NotCovered as why:
+        reps.clear()  # their arrays go before the reference runs
+        return None, [], pristine, f"{why}: the run was carried out again in Python"
+    runs = [planned.hand_over(reps[k], logs[k], k) for k in range(n)]
+    live.freeze()
+    reps.clear()  # the replicas' arrays go before the tables are built
+    return _fast_request_table(cols, runs), logs, policies, ""
 
 
 def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False,
