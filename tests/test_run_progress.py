@@ -200,3 +200,42 @@ def test_a_disaggregated_run_counts_every_replicas_steps_and_requests(fast_path)
     last = res.steps["start_s"] + res.steps["duration_s"]
     assert requests_done(seen["logs"], seen["arrivals"]) == (n, last.max())
     assert steps_taken(seen["logs"]) == len(res.steps)
+
+
+def test_a_compiled_run_counts_its_requests_and_steps_as_it_goes(monkeypatch):
+    # a compiled replica's step log fills only at its end: the run counts from its arrays, and
+    # a watched run returns to Python every DEADLINE_STEPS steps so a display thread can read
+    import sim.engine.compiled as compiled
+    import sim.engine.compiled_loop as loop
+
+    seen, samples = {}, []
+    real = loop.run
+
+    def run(*args):  # noqa: ANN002, ANN202 - the compiled loop, sampled after each return
+        code = real(*args)
+        done, reached = requests_done(seen["logs"], seen["arrivals"])
+        samples.append((done, reached, steps_taken(seen["logs"])))
+        return code
+
+    def monitor(logs, arrivals):  # noqa: ANN001, ANN202
+        seen["logs"], seen["arrivals"] = logs, arrivals
+
+    monkeypatch.setattr(loop, "run", run)
+    monkeypatch.setattr(compiled, "DEADLINE_STEPS", 64)
+    rng = np.random.default_rng(5)
+    n = 400
+    reqs = requests(poisson_arrivals(40.0, n, rng), rng.integers(5, 200, n).tolist(),
+                    rng.integers(1, 40, n).tolist())
+    kw = {"policy": {"name": "continuous", "max_num_seqs": 16},
+          "cost": sim.LinearCost(base_s=0.005, per_token_s=1e-5), "kv": None,
+          "fast_path": "compiled", "num_replicas": 2}
+    res = sim.simulate(reqs, **kw, monitor=monitor)
+    assert res.engine == "compiled" and len(samples) > 10
+    finish = np.sort(res.requests["finish_s"].to_numpy())
+    assert [s[0] for s in samples] == sorted(s[0] for s in samples)
+    assert [s[2] for s in samples] == sorted(s[2] for s in samples)
+    for done, reached, _ in samples:  # never more than had ended by the clock reached
+        assert done <= int(np.searchsorted(finish, reached, side="right"))
+    assert 0 < samples[len(samples) // 4][0] < n and samples[-1][0] == n
+    assert samples[-1][2] == len(res.steps)
+    assert sim.simulate(reqs, **kw).requests.equals(res.requests)  # unwatched: the same

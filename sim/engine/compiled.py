@@ -49,7 +49,8 @@ COMPILED_MIN_REQUESTS = 1000
 #: compile (about 15 s) repays itself only on runs the general engine needs longer for
 #: (about 0.5 ms a request for the iteration-level presets: docs/performance.md).
 COMPILED_COLD_MIN_REQUESTS = 20000
-#: Steps between two looks at the wall clock when the run has a wall-clock budget.
+#: Steps between two looks at the wall clock when the run has a wall-clock budget (or
+#: between two returns to Python when a progress display reads the run).
 DEADLINE_STEPS = 4096
 
 _STATUS = np.array(["waiting", "running", "finished", "rejected"], dtype=object)
@@ -226,12 +227,15 @@ class CompiledReplica:
         """No more requests will come: the run ends once everything handed over is done."""
         self.st_i[slots.S_ACCEPTING] = 0
 
-    def advance_until(self, t: float = math.inf, deadline: float | None = None) -> int:
+    def advance_until(self, t: float = math.inf, deadline: float | None = None,
+                      watched: bool = False) -> int:
         """Run scheduling points up to time ``t`` (or the run's end, or the wall-clock
         ``deadline``, a ``time.perf_counter`` value); returns the loop's code
-        (``compiled_slots.DONE``, ``PAUSED``, ``IDLE``)."""
+        (``compiled_slots.DONE``, ``PAUSED``, ``IDLE``). ``watched``: another thread reads
+        the progress, so the loop returns to Python every ``DEADLINE_STEPS`` steps (a compiled
+        call holds the GIL)."""
         loop = self.loop
-        steps = DEADLINE_STEPS if deadline is not None else _BIG
+        steps = DEADLINE_STEPS if deadline is not None or watched else _BIG
         while True:
             code = loop.run(self.req_i, self.req_f, self.running, self.hkeys, self.hranks,
                             self.hitems, self.pending, self.plan_idx, self.plan_n,
@@ -241,8 +245,8 @@ class CompiledReplica:
                             steps, self.residues)
             if code == slots.LOG_FULL or code == slots.IRR_FULL:
                 self.make_room(code)
-            elif code == slots.PAUSED and deadline is not None and self.now <= t:
-                if time.perf_counter() > deadline:
+            elif code == slots.PAUSED and steps != _BIG and self.now <= t:  # an allowance
+                if deadline is not None and time.perf_counter() > deadline:
                     return slots.DONE  # wall-clock budget spent: the run ends here
             else:
                 break
@@ -280,6 +284,12 @@ class CompiledReplica:
     def num_steps(self) -> int:
         """Steps logged so far (and still in the buffer)."""
         return int(self.st_i[slots.S_N_LOG])
+
+    def num_settled(self) -> int:
+        """Requests finished or rejected so far (an O(requests) count, for progress)."""
+        from sim.engine.compiled_plan import RI_STATUS
+        return int(np.count_nonzero(self.req_i[:self.num_requests, RI_STATUS]
+                                    >= slots.FINISHED))
 
     def outcomes(self) -> Outcomes:
         """The per-request outcome columns now (rejection messages spelled out)."""

@@ -23,6 +23,7 @@ from sim.engine.compiled import (
     Outcomes,
 )
 from sim.kv.config import KVConfig
+from sim.metrics.live import LiveLogs
 from sim.metrics.steplog import FLOAT_COLUMNS as STEP_FLOATS
 from sim.metrics.steplog import StepLog
 from sim.metrics.stream import AUTO_MAX_STEPS
@@ -31,17 +32,56 @@ from sim.metrics.stream import AUTO_MAX_STEPS
 def run_compiled(arrival: np.ndarray, prompt: np.ndarray, out: np.ndarray,
                  priority: np.ndarray | None, spec: SchedulingSpec, cost: Any, kv: KVConfig,
                  log: StepLog, *, max_model_len: int | None, horizon_s: float | None,
-                 deadline: float | None, replica: int = 0, name: str = "scheduler"
-                 ) -> Outcomes:
+                 deadline: float | None, replica: int = 0, name: str = "scheduler",
+                 progress: Progress | None = None) -> Outcomes:
     """Simulate one replica's requests (arrival order) under ``spec``; fill ``log`` and
-    return the outcomes in that order."""
+    return the outcomes in that order (``progress``: what a display reads meanwhile)."""
     rep = CompiledReplica(spec, cost, kv, max_model_len=max_model_len, horizon_s=horizon_s,
                           name=name)
     rep.append(arrival, prompt, out, priority)
     rep.close()
     rep.on_log_full = fold_when_full(log, replica)
-    rep.advance_until(math.inf, deadline)
-    return hand_over(rep, log, replica)
+    if progress is not None:
+        progress.current = rep
+    rep.advance_until(math.inf, deadline, watched=progress is not None)
+    outcomes = hand_over(rep, log, replica)
+    if progress is not None:
+        progress.ended(rep, log)
+    return outcomes
+
+
+class Progress:
+    """A run's progress over compiled replicas run one after the other, read by a display
+    from another thread (``live_logs``): the replica running now is counted from its arrays,
+    each one that ended by the counts it ended with (its arrays are let go)."""
+
+    def __init__(self) -> None:
+        self.current: CompiledReplica | None = None
+        self.settled = self.steps = 0
+        self.reached_s = 0.0
+
+    def ended(self, rep: CompiledReplica, log: StepLog) -> None:
+        """``rep`` ran to its end and handed its steps to ``log``."""
+        self.settled += rep.num_settled()
+        self.steps += len(log) + (log.stream.num_rows if log.stream is not None else 0)
+        self.reached_s = max(self.reached_s, rep.now)
+        self.current = None
+
+    def live_logs(self, logs: list[StepLog]) -> LiveLogs:
+        """``logs`` with these counts (``sim.metrics.live``)."""
+        def done() -> int:
+            rep = self.current
+            return self.settled + (rep.num_settled() if rep is not None else 0)
+
+        def steps() -> int:
+            rep = self.current
+            return self.steps + (rep.num_steps if rep is not None else 0)
+
+        def reached_s() -> float:
+            rep = self.current
+            return max(self.reached_s, rep.now if rep is not None else 0.0)
+
+        return LiveLogs(logs, done, steps, reached_s)
 
 
 def fold_when_full(log: StepLog, replica: int) -> Callable[[CompiledReplica], bool]:

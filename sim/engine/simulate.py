@@ -215,10 +215,15 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
             cols["priority"] = _priorities(requests)
         cols = _arrival_order(cols)
         logs = [new_log() for _ in policies]
-        if monitor is not None:
-            monitor(logs, cols["arrival_s"])
+        progress = None
+        if monitor is not None:  # the logs fill only as each replica ends: counted meanwhile
+            from sim.engine.compiled_run import Progress
+
+            progress = Progress()
+            monitor(progress.live_logs(logs), cols["arrival_s"])
         runs = [_run_compiled(cols, k, num_replicas, policies[k], cost, kv_config, logs[k],
-                              max_model_len=limit, horizon_s=horizon_s, deadline=deadline)
+                              max_model_len=limit, horizon_s=horizon_s, deadline=deadline,
+                              progress=progress)
                 for k in range(num_replicas)]
         engine = "compiled"
         table = _fast_request_table(cols, runs)
@@ -336,7 +341,8 @@ _FAST_PATH_CHOICES = (True, False, "compiled", "interpreted")
 
 def _run_compiled(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy: Policy,
                   cost: CostModel, kv: KVConfig, log: StepLog, *, max_model_len: int | None,
-                  horizon_s: float | None, deadline: float | None) -> Outcomes:
+                  horizon_s: float | None, deadline: float | None,
+                  progress: Any = None) -> Outcomes:
     """Run replica ``k``'s round-robin share on the compiled interpreter; return its
     outcomes (in its arrival order)."""
     from sim.engine.compiled_run import run_compiled  # numba loads here, not at import
@@ -348,7 +354,7 @@ def _run_compiled(cols: dict[str, np.ndarray], k: int, num_replicas: int, policy
     assert spec is not None  # fast_path_blocker admitted only presets of the specification
     return run_compiled(arrival, prompt, out, priority, spec, cost, kv, log,
                         max_model_len=max_model_len, horizon_s=horizon_s, deadline=deadline,
-                        replica=k, name=policy.name)
+                        replica=k, name=policy.name, progress=progress)
 
 
 def _steps_blocker(policy: Policy, kv: KVConfig, cost: CostModel, checks: bool,
