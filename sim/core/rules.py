@@ -27,6 +27,13 @@ UNLIMITED_BLOCKS = 1 << 40
 VICTIM_NEWEST, VICTIM_PRIORITY, VICTIM_DEADLINE = 0, 1, 2
 
 
+def uncomputed_tokens(num_prompt_tokens: int, num_generated: int,
+                      num_computed_tokens: int) -> int:
+    """Tokens a sequence must still compute before its next token can be sampled: its prompt
+    and generated tokens less those computed (1 for a decode)."""
+    return num_prompt_tokens + num_generated - num_computed_tokens
+
+
 def blocks_for(num_tokens: Tokens, block_size: int) -> Tokens:
     """Blocks that hold ``num_tokens`` tokens (exact integer ceiling; elementwise on arrays)."""
     return -(-num_tokens // block_size)

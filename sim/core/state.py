@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from sim.core.rules import uncomputed_tokens
 from sim.core.types import Request, SeqView
 
 #: ``Seq.advance`` result for a token produced one step after the previous one: its
@@ -23,8 +24,9 @@ REGULAR_ITL = -1.0
 
 NAN = math.nan
 
-# ``SeqView`` is a named tuple: built with ``tuple.__new__`` from its fields in order, which
-# skips the generated ``__new__``'s argument parsing (the engine's most frequent allocation).
+# ``SeqView`` is a named tuple: built with ``tuple.__new__`` from all its fields in order (the
+# derived ``num_uncomputed`` too), which skips ``__new__``'s argument parsing (the engine's
+# most frequent allocation).
 _new_tuple = tuple.__new__
 
 
@@ -64,7 +66,7 @@ class Seq:
     @property
     def num_uncomputed(self) -> int:
         """Tokens to compute before the next sample."""
-        return self.req.num_prompt_tokens + self.num_generated - self.num_computed
+        return uncomputed_tokens(self.req.num_prompt_tokens, self.num_generated, self.num_computed)
 
     @property
     def finished(self) -> bool:
@@ -76,10 +78,11 @@ class Seq:
         v = self.cached_view
         if v is None:
             r = self.req
+            computed = self.num_computed + self.hit_tokens
             v = self.cached_view = _new_tuple(SeqView, (
-                r.id, r.arrival_s, r.num_prompt_tokens, self.num_generated,
-                self.num_computed + self.hit_tokens, self.num_preemptions, self.num_blocks,
-                r.priority))
+                r.id, r.arrival_s, r.num_prompt_tokens, self.num_generated, computed,
+                self.num_preemptions, self.num_blocks, r.priority,
+                uncomputed_tokens(r.num_prompt_tokens, self.num_generated, computed)))
         return v
 
     def offer_hit(self, num_tokens: int) -> bool:

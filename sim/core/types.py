@@ -7,14 +7,14 @@ num_generated``; when it does at the end of a step, one new token is sampled.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from sim.core.errors import InputError
-from sim.core.rules import blocks_needed, slab_floor
+from sim.core.rules import blocks_needed, slab_floor, uncomputed_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +36,8 @@ class Request:
     hash_ids: tuple[int, ...] = ()
 
 
-class SeqView(NamedTuple):
-    """What a policy may know about one request: everything but its true output length.
-
-    A named tuple rather than a frozen dataclass: immutable all the same, and the engine
-    builds one per running request per step (its most frequent allocation), which a tuple
-    makes about three times cheaper."""
+class _SeqFields(NamedTuple):
+    """``SeqView``'s fields, in order (its last one derived from three others)."""
 
     id: int
     arrival_s: float
@@ -51,6 +47,47 @@ class SeqView(NamedTuple):
     num_preemptions: int = 0
     num_blocks: int = 0
     priority: int = 0
+    num_uncomputed: int = 0
+
+
+class SeqView(_SeqFields):
+    """What a policy may know about one request: everything but its true output length.
+
+    ``num_uncomputed`` — the tokens still to compute before the next token can be sampled (1
+    for a decode; ``sim.core.rules.uncomputed_tokens``) — is derived from the prompt, generated
+    and computed counts when the view is made, and cannot be given: it is stored rather than a
+    property because a policy reads it for every request at every step, and a stored field
+    reads several times faster.
+
+    A named tuple rather than a frozen dataclass: immutable all the same, and the engine
+    builds one per running request per step (its most frequent allocation), which a tuple
+    makes about three times cheaper. The engine builds its views from complete rows
+    (``_make``, or ``tuple.__new__``, the derived field included); ``SeqView(...)`` and
+    ``_replace`` derive it."""
+
+    __slots__ = ()
+
+    def __new__(cls, id: int, arrival_s: float, num_prompt_tokens: int,  # noqa: A002
+                num_generated: int, num_computed_tokens: int, num_preemptions: int = 0,
+                num_blocks: int = 0, priority: int = 0) -> SeqView:
+        """A view of these counts, its ``num_uncomputed`` derived from them."""
+        return tuple.__new__(cls, (
+            id, arrival_s, num_prompt_tokens, num_generated, num_computed_tokens,
+            num_preemptions, num_blocks, priority,
+            uncomputed_tokens(num_prompt_tokens, num_generated, num_computed_tokens)))
+
+    def _replace(self, **changes: Any) -> SeqView:
+        """A copy with ``changes`` to its given fields, ``num_uncomputed`` derived again."""
+        if "num_uncomputed" in changes:
+            raise TypeError("SeqView.num_uncomputed is derived from the token counts; "
+                            "change those instead")
+        fields: dict[str, Any] = dict(zip(self._fields[:-1], self, strict=False))
+        fields.update(changes)
+        return SeqView(**fields)
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        """``__new__``'s arguments (for pickling and copying): the fields but the derived."""
+        return tuple(self)[:-1]
 
     @property
     def num_tokens(self) -> int:
@@ -58,15 +95,9 @@ class SeqView(NamedTuple):
         return self.num_prompt_tokens + self.num_generated
 
     @property
-    def num_uncomputed(self) -> int:
-        """Tokens still to compute before the next token can be sampled (1 for a decode)."""
-        return self.num_prompt_tokens + self.num_generated - self.num_computed_tokens
-
-    @property
     def is_prefill(self) -> bool:
         """True while prompt (or recomputed) tokens remain; a pure decode has exactly one left."""
-        return (self.num_prompt_tokens + self.num_generated - self.num_computed_tokens > 1
-                or self.num_generated == 0)
+        return self.num_uncomputed > 1 or self.num_generated == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +141,15 @@ class KVView:
         return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
 
 
-@dataclass(frozen=True, slots=True)
+def _slot_setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
+    """The ``__set__`` of each named slot of ``cls``: how the ``__init__`` of a frozen
+    dataclass that is made at every step (``View``, ``Plan``) sets its fields. The generated
+    one calls ``object.__setattr__`` by name for each, about twice as slow, and a Python
+    policy's run makes one of each a step."""
+    return tuple(cls.__dict__[name].__set__ for name in names)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class View:
     """Everything a policy sees at one scheduling point."""
 
@@ -119,6 +158,18 @@ class View:
     running: tuple[SeqView, ...]
     kv: KVView
     more_arrivals: bool
+
+    def __init__(self, now_s: float, waiting: tuple[SeqView, ...],
+                 running: tuple[SeqView, ...], kv: KVView, more_arrivals: bool) -> None:
+        _view_now(self, now_s)
+        _view_waiting(self, waiting)
+        _view_running(self, running)
+        _view_kv(self, kv)
+        _view_more(self, more_arrivals)
+
+
+_view_now, _view_waiting, _view_running, _view_kv, _view_more = _slot_setters(
+    View, "now_s", "waiting", "running", "kv", "more_arrivals")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +180,7 @@ class PaddingRow:
     context_len: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Plan:
     """A policy's decision for one step.
 
@@ -152,14 +203,33 @@ class Plan:
     arrivals do not change the plan either (a batch in flight that nobody joins).
     """
 
-    run: Mapping[int, int] = field(default_factory=dict)
-    preempt: tuple[int, ...] = ()
-    reject: Mapping[int, str] = field(default_factory=dict)
-    steady: bool = False
-    padding: tuple[PaddingRow, ...] = ()
-    wake_at_s: float | None = None
-    on_finish: str = "stop"
-    ignores_arrivals: bool = False
+    run: Mapping[int, int]
+    preempt: tuple[int, ...]
+    reject: Mapping[int, str]
+    steady: bool
+    padding: tuple[PaddingRow, ...]
+    wake_at_s: float | None
+    on_finish: str
+    ignores_arrivals: bool
+
+    def __init__(self, run: Mapping[int, int] | None = None, preempt: tuple[int, ...] = (),
+                 reject: Mapping[int, str] | None = None, steady: bool = False,
+                 padding: tuple[PaddingRow, ...] = (), wake_at_s: float | None = None,
+                 on_finish: str = "stop", ignores_arrivals: bool = False) -> None:
+        _plan_run(self, {} if run is None else run)
+        _plan_preempt(self, preempt)
+        _plan_reject(self, {} if reject is None else reject)
+        _plan_steady(self, steady)
+        _plan_padding(self, padding)
+        _plan_wake(self, wake_at_s)
+        _plan_on_finish(self, on_finish)
+        _plan_ignores(self, ignores_arrivals)
+
+
+(_plan_run, _plan_preempt, _plan_reject, _plan_steady, _plan_padding, _plan_wake,
+ _plan_on_finish, _plan_ignores) = _slot_setters(
+    Plan, "run", "preempt", "reject", "steady", "padding", "wake_at_s", "on_finish",
+    "ignores_arrivals")
 
 
 #: What a ``steady`` plan promises at a scheduled request's finish (``Plan.on_finish``).

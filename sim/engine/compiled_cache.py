@@ -1,4 +1,5 @@
-"""Whether numba's on-disk cache already holds the compiled interpreter on this machine.
+"""Whether numba's on-disk cache already holds the compiled interpreter on this machine, and
+how a driver calls a compiled function without numba's type dispatch.
 
 The first run that takes the compiled interpreter compiles it (about 15 s here); every later
 process loads it from numba's cache in about a second. ``simulate`` asks ``loop_is_cached``
@@ -8,6 +9,9 @@ fresh machine) stays fast. Results are bit-identical on either engine, so this d
 only.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 
 def _cached(dispatcher: object) -> bool:
@@ -38,3 +42,16 @@ def loop_is_cached(routed: bool = False, planned: bool = False) -> bool:
 
         return _cached(compiled_route.route_span)
     return True
+
+
+def direct(dispatcher: Any, args: tuple[Any, ...]) -> Callable[..., Any]:
+    """``dispatcher``'s compiled form for arguments of ``args``' types, to be called without
+    numba's type dispatch (a few microseconds a call: what a driver that calls it at every
+    step, with arguments of the same types each time, need not pay); ``dispatcher`` itself
+    when it is not compiled for them or numba's layout moved. Ask after a call with ``args``.
+    The caller keeps the types: the compiled form converts what it is given without asking."""
+    try:
+        compiled = dispatcher.overloads.get(tuple(map(dispatcher.typeof_pyval, args)))
+    except AttributeError:
+        return dispatcher
+    return dispatcher if compiled is None else compiled.entry_point

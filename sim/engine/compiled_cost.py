@@ -51,6 +51,7 @@ def jit_rule(fn: Callable[..., Any], *, inline: bool = False, **calls: Any) -> A
 
 # the per-row rules, inlined: they run for every request in the batch every step
 blocks_for = jit_rule(rules.blocks_for, inline=True)
+uncomputed_tokens = jit_rule(rules.uncomputed_tokens, inline=True)
 blocks_needed = jit_rule(rules.blocks_needed, inline=True)
 max_fitting_tokens = jit_rule(rules.max_fitting_tokens, inline=True, blocks_needed=blocks_needed)
 admits = jit_rule(rules.admits, inline=True)

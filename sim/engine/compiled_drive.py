@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "e438f1f3cec70c3a4a5f2a7fcec90af1bf43d8a3077ca26610357a7ea489ee7c"
+LOOP_SHA256 = "d2277737b460885e06a7b56cde8984ecece98106b67b1347f81451dde5bdd39c"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

@@ -25,6 +25,7 @@ from sim.engine.compiled_cost import (
     prefill_peak_eff,
     prefill_unit_s,
     step_cost,
+    uncomputed_tokens,
 )
 from sim.engine.compiled_plan import (
     DECODE_FIRST,
@@ -122,7 +123,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "4bda71e16d9cfc383841c3fe43477e753f881fc8d09eac4f3f58f9e7dd136874"
+RULES_SHA256 = "15d06f58dae097e5bfa814bd0238801b59b39001e83a8a8d9e8421a48fba2b3d"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",
@@ -589,22 +590,28 @@ def apply_plan(s, run, id_base, id_step, pre_rows, rej_rows, max_seqs, max_token
     return PAUSED, n_adm, st_i[S_N_RUN], st_i[S_USED], s.st_f[SF_NOW]
 
 
-#: The per-request columns of a ``SeqView`` after its id and arrival time, in its fields'
-#: order.
+#: The integer columns of a ``SeqView`` after its id, in its fields' order; its derived
+#: ``num_uncomputed`` follows them.
 VIEW_COLUMNS = (RI_PROMPT, RI_GENERATED, RI_COMPUTED, RI_NPRE, RI_BLOCKS, RI_PRIORITY)
+#: Every ``SeqView`` field: the id, ``VIEW_COLUMNS``, ``num_uncomputed`` and the arrival time.
+VIEW_FIELDS = 3 + len(VIEW_COLUMNS)
 
 
 @njit(**KERNEL)
 def view_columns(req_i: np.ndarray, req_f: np.ndarray, running: np.ndarray, n_run: int,
                  out: np.ndarray) -> None:
     """The running requests' ``SeqView`` fields, column after column into ``out`` (one
-    column a block of ``running``'s length): the id (``RI_ID``), the arrival time (its
-    float64 bits), then ``VIEW_COLUMNS``; a driver reads them in one call and zips them."""
+    column a block of ``running``'s length): the integers first — the id (``RI_ID``),
+    ``VIEW_COLUMNS`` and the tokens left to compute (``rules.uncomputed_tokens``) — then the
+    arrival time (its float64 bits, last, so that a driver reads the integers in one call)."""
     rows = running.shape[0]
     out_f = out.view(np.float64)
+    last = (len(VIEW_COLUMNS) + 1) * rows
     for r in range(n_run):
         i = running[r]
         out[r] = req_i[i, RI_ID]
-        out_f[rows + r] = req_f[i, RF_ARRIVAL]
         for j in range(len(VIEW_COLUMNS)):
-            out[(j + 2) * rows + r] = req_i[i, VIEW_COLUMNS[j]]
+            out[(j + 1) * rows + r] = req_i[i, VIEW_COLUMNS[j]]
+        out[last + r] = uncomputed_tokens(req_i[i, RI_PROMPT], req_i[i, RI_GENERATED],
+                                          req_i[i, RI_COMPUTED])
+        out_f[last + rows + r] = req_f[i, RF_ARRIVAL]

@@ -32,6 +32,7 @@ from sim.engine import compiled_loop as loop
 from sim.engine import compiled_plan as cp
 from sim.engine import compiled_slots as slots
 from sim.engine.compiled import entry_rejections
+from sim.engine.compiled_cache import direct
 from sim.engine.compiled_cost import KERNEL, jit_rule
 from sim.engine.compiled_drive import (
     Q_DECODING,
@@ -50,7 +51,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "1f3152bf1d96cae5d0909863758cfb8f85b8834107a007c64713faf08500b395"
+ROUTE_SHA256 = "19e511522ecffe1de45c41b0de4f5697a4a6ae8418660bdfc0dc84bad07def64"
 ROUTE_SOURCES = ("sim/core/load_rules.py", "sim/core/load_arrays.py",
                  "sim/engine/compiled_drive.py", "sim/engine/compiled_loop.py")
 
@@ -228,9 +229,7 @@ def route_all(reps: Sequence[DrivenCompiled], ids: np.ndarray, arrival: np.ndarr
             outstanding, pos)
     args = (*a, *args)
     code = route_span(*args)
-    # later calls skip the type dispatch (arguments of the same types every time)
-    compiled = route_span.overloads.get(tuple(map(route_span.typeof_pyval, args)))
-    kernel = compiled.entry_point if compiled is not None else route_span
+    kernel = direct(route_span, args)  # arguments of the same types every time
     while True:
         if code == ROUTED:
             break

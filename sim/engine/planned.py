@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from sim.core.scheduling import SchedulingSpec
 from sim.core.types import ON_FINISH, KVView, Plan, SeqView, View
 from sim.engine import compiled_slots as slots
 from sim.engine.compiled import CompiledReplica, Outcomes
+from sim.engine.compiled_cache import direct
 from sim.engine.compiled_plan import (
     RF_FINISH,
     RI_GENERATED,
@@ -124,10 +125,10 @@ class PlannedReplica:
         self.queue = QueueViews()
         self._admitted = np.empty(rows + 1, dtype=np.int64)
         # the running requests' view columns, as ``compiled_loop.view_columns`` writes them
-        width, fields = len(rep.running), 2 + len(compiled_loop.VIEW_COLUMNS)
+        width, fields = len(rep.running), compiled_loop.VIEW_FIELDS
         self._out = np.zeros(fields * width, dtype=np.int64)
-        self._view_cols = self._out.reshape(fields, width)
-        self._view_arrival = self._out.view(np.float64)[width:2 * width]
+        self._view_ints = self._out.reshape(fields, width)[:-1]
+        self._view_arrival = self._out.view(np.float64)[(fields - 1) * width:]
         rep.req_i[:n, RI_ID] = ids
         self._packed: Any = None
         self._layout = -1
@@ -142,10 +143,12 @@ class PlannedReplica:
         total_blocks, bs = kv.num_blocks, kv.block_size
         horizon, deadline = self.horizon_s, self.deadline
         queue = self.queue
+        kv_views: dict[int, KVView] = {}
         steady_ok = self.skip
         admitted = self._admitted
         id_base, id_step = self.id_base, self.id_step
         entry = rep.entry_reason
+        apply = self._apply
         # the clock, running count and blocks used, as the last compiled call left them
         now, n_run, used = float(st_f[0]), int(st_i[slots.S_N_RUN]), int(st_i[slots.S_USED])
         while True:
@@ -162,8 +165,8 @@ class PlannedReplica:
                         rep.req_f[nxt, RF_FINISH] = now
                     else:
                         rows.append(nxt)
-                        joining.append(_NEW(SeqView, (ids[nxt], arrival[nxt], self.prompt[nxt],
-                                                      0, 0, 0, 0, self.priority[nxt])))
+                        joining.append(SeqView(ids[nxt], arrival[nxt], self.prompt[nxt], 0, 0,
+                                               0, 0, self.priority[nxt]))
                     nxt += 1
                 queue.arrive(rows, joining)
                 st_i[slots.S_NXT] = nxt
@@ -174,13 +177,15 @@ class PlannedReplica:
                 return
             # -- the view -------------------------------------------------------------------
             if n_run:  # the columns the last call wrote, zipped into named tuples
-                fields = self._view_cols[:, :n_run].tolist()
-                fields[1] = self._view_arrival[:n_run].tolist()
-                running = tuple(map(_NEW, [SeqView] * n_run, zip(*fields, strict=True)))
+                ints = self._view_ints[:, :n_run].tolist()
+                running = tuple(map(_NEW, repeat(SeqView), zip(
+                    ints[0], self._view_arrival[:n_run].tolist(), *ints[1:], strict=True)))
             else:
                 running = ()
-            view = View(now, queue.views, running,
-                        KVView(total_blocks, total_blocks - used, bs), nxt < n)
+            kv_view = kv_views.get(used)
+            if kv_view is None:  # immutable: one per count of blocks in use, kept
+                kv_view = kv_views[used] = KVView(total_blocks, total_blocks - used, bs)
+            view = View(now, queue.views, running, kv_view, nxt < n)
             plan = policy.schedule(view)
             # -- the plan as rows -----------------------------------------------------------
             if plan.__class__ is not Plan:  # the reference says what it makes of it
@@ -224,9 +229,14 @@ class PlannedReplica:
                 if rep.layout != self._layout:
                     self._packed = self._pack(rep, self._out)
                     self._layout = rep.layout
-                code, n_adm, n_run, used, now = self._apply(
-                    self._packed, flat, id_base, id_step, pre_rows, rej_rows, max_seqs,
-                    max_tokens, queued, steady, admitted)
+                args = (self._packed, flat, id_base, id_step, pre_rows, rej_rows, max_seqs,
+                        max_tokens, queued, steady, admitted)
+                try:
+                    code, n_adm, n_run, used, now = apply(*args)
+                except OverflowError:  # a limit past int64 (the dispatcher would compile anew)
+                    raise NotCovered(f"policy {policy.name!r} has a limit past int64") from None
+                if apply is self._apply:  # the same types at every call from here on
+                    apply = direct(self._apply, args)
                 if code != slots.LOG_FULL and code != slots.IRR_FULL:
                     break
                 rep.make_room(code)
@@ -242,9 +252,9 @@ class PlannedReplica:
             if plan.preempt:
                 for r in pre_rows.tolist():
                     if ri[r, RI_STATUS] == slots.WAITING:  # else rejected (preempted too often)
-                        queue.preempted(r, _NEW(SeqView, (
+                        queue.preempted(r, SeqView(
                             ids[r], arrival[r], self.prompt[r], int(ri[r, RI_GENERATED]), 0,
-                            int(ri[r, RI_NPRE]), 0, self.priority[r])))
+                            int(ri[r, RI_NPRE]), 0, self.priority[r]))
             if code == slots.IDLE:  # nothing to run: until the wake-up or the next arrival
                 wake = plan.wake_at_s
                 if wake is None:
