@@ -23,6 +23,9 @@ Tokens = TypeVar("Tokens", int, np.ndarray)
 #: Total blocks at or above which a cache counts as unlimited (``sim.kv.config.UNLIMITED_BLOCKS``).
 UNLIMITED_BLOCKS = 1 << 40
 
+#: A policy's limit on a step's sequences or tokens when it sets none (``within_limit``).
+NO_LIMIT = 1 << 62
+
 #: Victim rules (``SchedulingSpec.victim``) as the small integers the kernel sees.
 VICTIM_NEWEST, VICTIM_PRIORITY, VICTIM_DEADLINE = 0, 1, 2
 
@@ -32,6 +35,24 @@ def uncomputed_tokens(num_prompt_tokens: int, num_generated: int,
     """Tokens a sequence must still compute before its next token can be sampled: its prompt
     and generated tokens less those computed (1 for a decode)."""
     return num_prompt_tokens + num_generated - num_computed_tokens
+
+
+def tokens_allowed(num_tokens: int, num_uncomputed: int) -> bool:
+    """Whether a plan may give a request ``num_tokens`` this step: at least one, and no more
+    than the ``num_uncomputed`` it has left."""
+    return 1 <= num_tokens <= num_uncomputed
+
+
+def within_limit(count: int, limit: int) -> bool:
+    """Whether ``count`` (a step's sequences or tokens) keeps to a policy's ``limit``
+    (``NO_LIMIT`` when it has none)."""
+    return count <= limit
+
+
+def blocks_fit(num_blocks: int, free_blocks: int, freed_blocks: int) -> bool:
+    """Whether ``num_blocks`` more blocks fit in the free ones and those the step's
+    preemptions free."""
+    return num_blocks <= free_blocks + freed_blocks
 
 
 def blocks_for(num_tokens: Tokens, block_size: int) -> Tokens:

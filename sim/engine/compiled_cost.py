@@ -52,6 +52,9 @@ def jit_rule(fn: Callable[..., Any], *, inline: bool = False, **calls: Any) -> A
 # the per-row rules, inlined: they run for every request in the batch every step
 blocks_for = jit_rule(rules.blocks_for, inline=True)
 uncomputed_tokens = jit_rule(rules.uncomputed_tokens, inline=True)
+tokens_allowed = jit_rule(rules.tokens_allowed, inline=True)
+within_limit = jit_rule(rules.within_limit, inline=True)
+blocks_fit = jit_rule(rules.blocks_fit, inline=True)
 blocks_needed = jit_rule(rules.blocks_needed, inline=True)
 max_fitting_tokens = jit_rule(rules.max_fitting_tokens, inline=True, blocks_needed=blocks_needed)
 admits = jit_rule(rules.admits, inline=True)

@@ -20,12 +20,15 @@ from numba import njit
 from sim.engine.compiled_cost import (
     KERNEL,
     ROOFLINE,
+    blocks_fit,
     blocks_for,
     blocks_needed,
     prefill_peak_eff,
     prefill_unit_s,
     step_cost,
+    tokens_allowed,
     uncomputed_tokens,
+    within_limit,
 )
 from sim.engine.compiled_plan import (
     DECODE_FIRST,
@@ -123,7 +126,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "15d06f58dae097e5bfa814bd0238801b59b39001e83a8a8d9e8421a48fba2b3d"
+RULES_SHA256 = "bcca44c691656c58b896380c2dd6f7c5b393f287a07369cb8d051b3a7d37c56b"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",
@@ -489,8 +492,8 @@ def apply_plan(s, run, id_base, id_step, pre_rows, rej_rows, max_seqs, max_token
 
     ``validate_plan``'s rules come first: a plan that breaks any returns ``INVALID``, and the
     caller runs the reference instead, which names the rule (``max_seqs`` / ``max_tokens``:
-    the policy's limits, -1 for none). Then the rejections, the preemptions (recompute), and
-    ``carry_out`` of the step; a ``steady`` plan's repeats follow in one
+    the policy's limits, ``rules.NO_LIMIT`` for none). Then the rejections, the preemptions
+    (recompute), and ``carry_out`` of the step; a ``steady`` plan's repeats follow in one
     ``steady_stretch``, up to the next arrival (the caller's ``S_NXT``). ``queue_len`` is the
     queue the policy was shown; the requests the step admitted from it are written to
     ``admitted``. Returns the code (``IDLE``: nothing to run, the rejections made;
@@ -535,7 +538,7 @@ def apply_plan(s, run, id_base, id_step, pre_rows, rej_rows, max_seqs, max_token
         freed += req_i[v, RI_BLOCKS]
     if n_plan == 0 and n_pre:  # preempting to make room needs KV that came from elsewhere
         return INVALID, 0, 0, 0, now
-    if max_seqs >= 0 and n_plan > max_seqs:
+    if not within_limit(n_plan, max_seqs):
         return INVALID, 0, 0, 0, now
     total = blocks = n_adm = 0
     for k in range(n_plan):
@@ -550,13 +553,14 @@ def apply_plan(s, run, id_base, id_step, pre_rows, rej_rows, max_seqs, max_token
             admitted[n_adm] = i
             n_adm += 1
         c = req_i[i, RI_COMPUTED]
-        if n < 1 or n > req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c:
+        if not tokens_allowed(n, uncomputed_tokens(req_i[i, RI_PROMPT], req_i[i, RI_GENERATED],
+                                                   c)):
             return INVALID, 0, 0, 0, now
         total += n
         blocks += blocks_needed(c + n, 0, req_i[i, RI_BLOCKS], bs)
-    if max_tokens >= 0 and total > max_tokens:
+    if not within_limit(total, max_tokens):
         return INVALID, 0, 0, 0, now
-    if blocks > num_blocks - st_i[S_USED] + freed:
+    if not blocks_fit(blocks, num_blocks - st_i[S_USED], freed):
         return INVALID, 0, 0, 0, now
     # -- the rejections and preemptions, then the step --------------------------------------
     for j in range(n_rej):

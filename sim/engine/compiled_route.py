@@ -51,7 +51,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "19e511522ecffe1de45c41b0de4f5697a4a6ae8418660bdfc0dc84bad07def64"
+ROUTE_SHA256 = "33e576ea010b1fef0fc58846c1107584bc585f91fc5cabc1b9711ba69de7e37b"
 ROUTE_SOURCES = ("sim/core/load_rules.py", "sim/core/load_arrays.py",
                  "sim/engine/compiled_drive.py", "sim/engine/compiled_loop.py")
 

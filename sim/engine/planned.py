@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from policies.registry import Policy
+from sim.core.rules import NO_LIMIT
 from sim.core.scheduling import SchedulingSpec
 from sim.core.types import ON_FINISH, KVView, Plan, SeqView, View
 from sim.engine import compiled_slots as slots
@@ -78,7 +79,8 @@ class QueueViews:
     def leave(self, rows: list[int]) -> None:
         """``rows`` left the queue (admitted or rejected)."""
         k = len(rows)
-        if self.rows[:k] == rows or set(self.rows[:k]) == set(rows):  # the front, in order
+        # the front, in any order (the list test first: the usual case, and cheaper)
+        if self.rows[:k] == rows or set(self.rows[:k]) == set(rows):
             self.views = self.views[k:]
             del self.rows[:k]
             return
@@ -219,8 +221,8 @@ class PlannedReplica:
             queued = len(queue)
             # the limits as they are now (``validate_plan`` reads them at every plan)
             max_seqs, max_tokens = policy.max_num_seqs, policy.max_num_batched_tokens
-            max_seqs = -1 if max_seqs is None else max_seqs
-            max_tokens = -1 if max_tokens is None else max_tokens
+            max_seqs = NO_LIMIT if max_seqs is None else max_seqs
+            max_tokens = NO_LIMIT if max_tokens is None else max_tokens
             if max_seqs.__class__ is not int or max_tokens.__class__ is not int:
                 # (a float or numpy limit would also make numba compile another version)
                 raise NotCovered(f"policy {policy.name!r} has a limit that is not an int")

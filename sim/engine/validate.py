@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NoReturn
 
-from sim.core.rules import blocks_needed
+from sim.core.rules import NO_LIMIT, blocks_fit, blocks_needed, tokens_allowed, within_limit
 from sim.core.types import ON_FINISH, Plan, View
 
 if TYPE_CHECKING:
@@ -23,6 +23,11 @@ class EngineError(RuntimeError):
 def fail(rep: Replica, now: float, rule: str) -> NoReturn:
     """Raise the error for ``rule`` broken by ``rep``'s policy at ``now``."""
     raise EngineError(f"policy {rep.policy.name!r} at t={now:.6f}s broke a rule: {rule}")
+
+
+def _limit(limit: int | None) -> int:
+    """A policy's limit as the rules take it (``NO_LIMIT`` for none)."""
+    return NO_LIMIT if limit is None else limit
 
 
 def validate_plan(rep: Replica, plan: Plan, view: View) -> list[int]:
@@ -55,7 +60,7 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> list[int]:
                             and not any(s.num_blocks for s in rep.waiting.values())):
             fail(rep, now, "padding rows or preemptions without any request to run")
         return []
-    if pol.max_num_seqs is not None and len(plan.run) > pol.max_num_seqs:
+    if not within_limit(len(plan.run), _limit(pol.max_num_seqs)):
         fail(rep, now, f"{len(plan.run)} sequences > max_num_seqs={pol.max_num_seqs}")
     total = 0
     blocks = 0
@@ -72,21 +77,19 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> list[int]:
         if seq is None or (reject and sid in reject):
             fail(rep, now, f"request {sid} is not waiting or running")
         # the view the policy saw: every running and queued request's was built for it; read
-        # by name, so a field added to ``SeqView`` changes nothing here (``num_uncomputed``
-        # inlined: its property call would cost a measurable share of the general engine)
+        # by name, so a field added to ``SeqView`` changes nothing here
         seen = seq.cached_view or seq.view()
-        computed = seen.num_computed_tokens
-        left = seen.num_prompt_tokens + seen.num_generated - computed
-        if n.__class__ is not int and not isinstance(n, int) or n < 1 or n > left:
+        computed, left = seen.num_computed_tokens, seen.num_uncomputed
+        if n.__class__ is not int and not isinstance(n, int) or not tokens_allowed(n, left):
             fail(rep, now, f"request {sid}: {n!r} tokens scheduled, 1..{left} allowed")
         total += n
         need = blocks_needed(computed + n, 0 if paged else kv.floor_tokens(seen), seen.num_blocks,
                              bs)
         keep(need)
         blocks += need
-    if pol.max_num_batched_tokens is not None and total > pol.max_num_batched_tokens:
+    if not within_limit(total, _limit(pol.max_num_batched_tokens)):
         fail(rep, now, f"{total} tokens > max_num_batched_tokens={pol.max_num_batched_tokens}")
-    if blocks > kv.free_blocks + freed:
+    if not blocks_fit(blocks, kv.free_blocks, freed):
         fail(rep, now, f"needs {blocks} KV blocks, only {kv.free_blocks + freed} free")
     for row in plan.padding:
         if row.num_tokens < 1 or row.context_len < row.num_tokens:
