@@ -273,11 +273,14 @@ class Broken(Packer):
             self.max_num_batched_tokens = 1
         elif self.how == "wake_in_the_past":
             return Plan(wake_at_s=view.now_s)
+        elif self.how == "negative_limit":  # no limit is None: -1 allows no sequence at all
+            self.max_num_seqs = -1
         return Plan(run=run)
 
 
 @pytest.mark.parametrize("how", ["too_many_tokens", "float_tokens", "unknown_request",
-                                 "preempt_waiting", "over_budget", "wake_in_the_past"])
+                                 "preempt_waiting", "over_budget", "wake_in_the_past",
+                                 "negative_limit"])
 def test_a_broken_plan_raises_the_reference_error(how):
     reqs = _long_tail(100, 2)
     with pytest.raises(EngineError) as fast:
@@ -285,6 +288,32 @@ def test_a_broken_plan_raises_the_reference_error(how):
     with pytest.raises(EngineError) as slow:
         sim.simulate(reqs, policy=Broken(how), cost=ROOFLINE, checks=True)
     assert str(fast.value) == str(slow.value)
+
+
+class Unbounded(Packer):
+    """A packer whose token limit, from its fifth plan on, is past what int64 holds."""
+
+    name = "unbounded"
+
+    def __init__(self, first: int) -> None:
+        super().__init__(budget=64, max_seqs=8)
+        self.first, self.calls = first, 0
+
+    def schedule(self, view: View) -> Plan:
+        self.calls += 1
+        if self.calls == self.first:
+            self.max_num_batched_tokens = 2**70
+        return super().schedule(view)
+
+
+@pytest.mark.parametrize("first", [1, 5])
+def test_a_limit_past_int64_runs_on_the_reference(first):
+    reqs = _long_tail(100, 3)
+    fast = sim.simulate(reqs, policy=Unbounded(first), cost=ROOFLINE, fast_path="compiled")
+    slow = sim.simulate(reqs, policy=Unbounded(first), cost=ROOFLINE, checks=True)
+    assert fast.step_engine == "python"
+    assert "int64" in fast.step_engine_reason
+    assert_same_run(fast, slow)
 
 
 def test_which_runs_take_the_compiled_steps():
