@@ -15,7 +15,10 @@ its error, and the run says so.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -32,35 +35,36 @@ from sim.kv.config import KVConfig
 from tests.test_fastpath import ROOFLINE, assert_same_run, costs, traces
 
 
-class Packer(Policy):
+def _benchmark_policy() -> type[Policy]:
+    """The user policy ``benchmarks/general_engine.py`` times, as it is written there."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "general_engine.py"
+    spec = importlib.util.spec_from_file_location("general_engine_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return type(module.custom_policy())
+
+
+class Packer(_benchmark_policy()):  # type: ignore[misc]
     """Decodes first, then FCFS prompt chunks within the budget, the slots and the free blocks
-    (the general-engine benchmark's user policy); prompts over ``reject_over`` are refused."""
+    (the general-engine benchmark's user policy itself); prompts over ``reject_over`` are
+    refused, and the packer plans as if they were not there."""
 
     name = "packer"
 
     def __init__(self, budget: int = 64, max_seqs: int = 8, reject_over: int | None = None
                  ) -> None:
-        self.max_num_seqs, self.max_num_batched_tokens = max_seqs, budget
+        super().__init__(budget, max_seqs)
         self.reject_over = reject_over
 
     def schedule(self, view: View) -> Plan:
-        kv, free, tokens = view.kv, view.kv.free_blocks, self.max_num_batched_tokens
         reject = {s.id: "too long for this packer" for s in view.waiting
                   if self.reject_over is not None and s.num_prompt_tokens > self.reject_over}
-        run: dict[int, int] = {}
-        for s in (*view.running, *view.waiting):
-            if tokens < 1 or len(run) >= self.max_num_seqs:
-                break
-            if s.id in reject:
-                continue
-            n = min(s.num_uncomputed, tokens)
-            need = kv.blocks_needed(s, n)
-            if need > free:
-                break
-            run[s.id] = n
-            tokens -= n
-            free -= need
-        return Plan(run=run, reject=reject)
+        if not reject:
+            return super().schedule(view)
+        shown = dataclasses.replace(view, waiting=tuple(s for s in view.waiting
+                                                         if s.id not in reject))
+        return dataclasses.replace(super().schedule(shown), reject=reject)
 
 
 class Evictor(Policy):
@@ -246,18 +250,23 @@ def test_a_plan_with_padding_sends_the_run_to_the_reference_and_says_so():
 
 
 class Broken(Packer):
-    """A packer that, at its tenth plan, breaks one rule of ``validate_plan``."""
+    """A packer that, at its ``at``-th plan, breaks one rule of ``validate_plan`` — or, as
+    ``limit_past_int64``, sets a token limit past what int64 holds, which breaks none."""
 
     name = "broken"
 
-    def __init__(self, how: str) -> None:
+    def __init__(self, how: str, at: int = 10) -> None:
         super().__init__(budget=64, max_seqs=8)
-        self.how, self.calls = how, 0
+        self.how, self.at, self.calls = how, at, 0
 
     def schedule(self, view: View) -> Plan:
-        plan = super().schedule(view)
         self.calls += 1
-        if self.calls < 10 or not plan.run:
+        if self.how == "limit_past_int64":
+            if self.calls == self.at:
+                self.max_num_batched_tokens = 2**70
+            return super().schedule(view)
+        plan = super().schedule(view)
+        if self.calls < self.at or not plan.run:
             return plan
         sid, n = next(iter(plan.run.items()))
         run = dict(plan.run)
@@ -290,27 +299,13 @@ def test_a_broken_plan_raises_the_reference_error(how):
     assert str(fast.value) == str(slow.value)
 
 
-class Unbounded(Packer):
-    """A packer whose token limit, from its fifth plan on, is past what int64 holds."""
-
-    name = "unbounded"
-
-    def __init__(self, first: int) -> None:
-        super().__init__(budget=64, max_seqs=8)
-        self.first, self.calls = first, 0
-
-    def schedule(self, view: View) -> Plan:
-        self.calls += 1
-        if self.calls == self.first:
-            self.max_num_batched_tokens = 2**70
-        return super().schedule(view)
-
-
-@pytest.mark.parametrize("first", [1, 5])
-def test_a_limit_past_int64_runs_on_the_reference(first):
+@pytest.mark.parametrize("at", [1, 5])
+def test_a_limit_past_int64_runs_on_the_reference(at):
     reqs = _long_tail(100, 3)
-    fast = sim.simulate(reqs, policy=Unbounded(first), cost=ROOFLINE, fast_path="compiled")
-    slow = sim.simulate(reqs, policy=Unbounded(first), cost=ROOFLINE, checks=True)
+    fast = sim.simulate(reqs, policy=Broken("limit_past_int64", at), cost=ROOFLINE,
+                        fast_path="compiled")
+    slow = sim.simulate(reqs, policy=Broken("limit_past_int64", at), cost=ROOFLINE,
+                        checks=True)
     assert fast.step_engine == "python"
     assert "int64" in fast.step_engine_reason
     assert_same_run(fast, slow)
