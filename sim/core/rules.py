@@ -43,6 +43,12 @@ def tokens_allowed(num_tokens: int, num_uncomputed: int) -> bool:
     return 1 <= num_tokens <= num_uncomputed
 
 
+def as_limit(limit: int | None) -> int:
+    """A policy's limit (``max_num_seqs``, ``max_num_batched_tokens``) as the rules take it:
+    ``NO_LIMIT`` for none (read in Python, not compiled)."""
+    return NO_LIMIT if limit is None else limit
+
+
 def within_limit(count: int, limit: int) -> bool:
     """Whether ``count`` (a step's sequences or tokens) keeps to a policy's ``limit``
     (``NO_LIMIT`` when it has none)."""

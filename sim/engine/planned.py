@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from policies.registry import Policy
-from sim.core.rules import NO_LIMIT
+from sim.core.rules import as_limit
 from sim.core.scheduling import SchedulingSpec
 from sim.core.types import ON_FINISH, KVView, Plan, SeqView, View
 from sim.engine import compiled_slots as slots
@@ -220,9 +220,8 @@ class PlannedReplica:
                                  ) from None
             queued = len(queue)
             # the limits as they are now (``validate_plan`` reads them at every plan)
-            max_seqs, max_tokens = policy.max_num_seqs, policy.max_num_batched_tokens
-            max_seqs = NO_LIMIT if max_seqs is None else max_seqs
-            max_tokens = NO_LIMIT if max_tokens is None else max_tokens
+            max_seqs = as_limit(policy.max_num_seqs)
+            max_tokens = as_limit(policy.max_num_batched_tokens)
             if max_seqs.__class__ is not int or max_tokens.__class__ is not int:
                 # (a float or numpy limit would also make numba compile another version)
                 raise NotCovered(f"policy {policy.name!r} has a limit that is not an int")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NoReturn
 
-from sim.core.rules import NO_LIMIT, blocks_fit, blocks_needed, tokens_allowed, within_limit
+from sim.core.rules import as_limit, blocks_fit, blocks_needed, tokens_allowed, within_limit
 from sim.core.types import ON_FINISH, Plan, View
 
 if TYPE_CHECKING:
@@ -23,11 +23,6 @@ class EngineError(RuntimeError):
 def fail(rep: Replica, now: float, rule: str) -> NoReturn:
     """Raise the error for ``rule`` broken by ``rep``'s policy at ``now``."""
     raise EngineError(f"policy {rep.policy.name!r} at t={now:.6f}s broke a rule: {rule}")
-
-
-def _limit(limit: int | None) -> int:
-    """A policy's limit as the rules take it (``NO_LIMIT`` for none)."""
-    return NO_LIMIT if limit is None else limit
 
 
 def validate_plan(rep: Replica, plan: Plan, view: View) -> list[int]:
@@ -60,7 +55,7 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> list[int]:
                             and not any(s.num_blocks for s in rep.waiting.values())):
             fail(rep, now, "padding rows or preemptions without any request to run")
         return []
-    if not within_limit(len(plan.run), _limit(pol.max_num_seqs)):
+    if not within_limit(len(plan.run), as_limit(pol.max_num_seqs)):
         fail(rep, now, f"{len(plan.run)} sequences > max_num_seqs={pol.max_num_seqs}")
     total = 0
     blocks = 0
@@ -87,7 +82,7 @@ def validate_plan(rep: Replica, plan: Plan, view: View) -> list[int]:
                              bs)
         keep(need)
         blocks += need
-    if not within_limit(total, _limit(pol.max_num_batched_tokens)):
+    if not within_limit(total, as_limit(pol.max_num_batched_tokens)):
         fail(rep, now, f"{total} tokens > max_num_batched_tokens={pol.max_num_batched_tokens}")
     if not blocks_fit(blocks, kv.free_blocks, freed):
         fail(rep, now, f"needs {blocks} KV blocks, only {kv.free_blocks + freed} free")
