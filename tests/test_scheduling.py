@@ -173,6 +173,17 @@ def test_the_compiled_interpreter_is_rebuilt_when_the_rules_change():
         "sim/engine/compiled_loop.py")
 
 
+def test_the_compiled_stretches_are_rebuilt_when_the_rules_change():
+    # compiled_skip's functions are called from Python too (the general engine's stretch
+    # costs, sim.engine.compiled_series): their cache records the rules they compile in
+    from sim.engine import compiled_loop, compiled_skip
+
+    assert compiled_skip.SKIP_SHA256 == compiled_loop.rules_sha256(
+        compiled_skip.SKIP_SOURCES), (
+        f"one of {compiled_skip.SKIP_SOURCES} changed: update SKIP_SHA256 in "
+        "sim/engine/compiled_skip.py")
+
+
 def test_the_driven_interpreter_is_rebuilt_when_the_loop_changes():
     # compiled_drive's compiled function holds its own copy of the loop (a stale copy once
     # ran a loop without a fix made to compiled_loop.py)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from sim.core.bulk import paused_gc
 from sim.core.types import Request
 
 
@@ -58,13 +59,14 @@ class TraceArrays:
         pri = self.priority.tolist() if self.priority is not None else [0] * n
         ten = self.tenant.tolist() if self.tenant is not None else [None] * n
         pre = self.prefix_id.tolist() if self.prefix_id is not None else [None] * n
-        if self.num_prefix_tokens is None and self.hash_ids is None:
-            return [Request(first_id + i, arr[i], prm[i], out[i], pri[i], ten[i], pre[i])
-                    for i in range(n)]
-        npx = self.num_prefix_tokens.tolist() if self.num_prefix_tokens is not None else [0] * n
-        hid = self.hash_ids.tolist() if self.hash_ids is not None else [()] * n
-        return [Request(first_id + i, arr[i], prm[i], out[i], pri[i], ten[i], pre[i], npx[i],
-                        hid[i]) for i in range(n)]
+        ids = range(first_id, first_id + n)
+        with paused_gc():
+            if self.num_prefix_tokens is None and self.hash_ids is None:
+                return list(map(Request, ids, arr, prm, out, pri, ten, pre))
+            npx = (self.num_prefix_tokens.tolist() if self.num_prefix_tokens is not None
+                   else [0] * n)
+            hid = self.hash_ids.tolist() if self.hash_ids is not None else [()] * n
+            return list(map(Request, ids, arr, prm, out, pri, ten, pre, npx, hid))
 
     @staticmethod
     def from_requests(requests: Iterable[Request]) -> TraceArrays:

@@ -17,9 +17,12 @@ from sim.core.errors import InputError
 from sim.core.rules import blocks_needed, slab_floor, uncomputed_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Request:
-    """One trace row. ``num_output_tokens`` is the true output length: engine-only knowledge."""
+    """One trace row. ``num_output_tokens`` is the true output length: engine-only knowledge.
+
+    Its ``__init__`` sets the slots through their own descriptors (``_slot_setters``): a
+    million-request trace makes a million of them before its run starts."""
 
     id: int
     arrival_s: float
@@ -34,6 +37,20 @@ class Request:
     #: Prefix identity by blocks: one id per 512 prompt tokens, equal leading ids = shared
     #: tokens (``sim.core.blocks``; instead of ``prefix_id``/``num_prefix_tokens``).
     hash_ids: tuple[int, ...] = ()
+
+    def __init__(self, id: int, arrival_s: float, num_prompt_tokens: int,  # noqa: A002
+                 num_output_tokens: int, priority: int = 0, tenant: str | None = None,
+                 prefix_id: str | None = None, num_prefix_tokens: int = 0,
+                 hash_ids: tuple[int, ...] = ()) -> None:
+        _req_id(self, id)
+        _req_arrival(self, arrival_s)
+        _req_prompt(self, num_prompt_tokens)
+        _req_output(self, num_output_tokens)
+        _req_priority(self, priority)
+        _req_tenant(self, tenant)
+        _req_prefix(self, prefix_id)
+        _req_prefix_tokens(self, num_prefix_tokens)
+        _req_hash_ids(self, hash_ids)
 
 
 class _SeqFields(NamedTuple):
@@ -143,10 +160,17 @@ class KVView:
 
 def _slot_setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
     """The ``__set__`` of each named slot of ``cls``: how the ``__init__`` of a frozen
-    dataclass that is made at every step (``View``, ``Plan``) sets its fields. The generated
+    dataclass that is made at every step (``View``, ``Plan``) or for every request (``Request``)
+    sets its fields. The generated
     one calls ``object.__setattr__`` by name for each, about twice as slow, and a Python
     policy's run makes one of each a step."""
     return tuple(cls.__dict__[name].__set__ for name in names)
+
+
+(_req_id, _req_arrival, _req_prompt, _req_output, _req_priority, _req_tenant, _req_prefix,
+ _req_prefix_tokens, _req_hash_ids) = _slot_setters(
+    Request, "id", "arrival_s", "num_prompt_tokens", "num_output_tokens", "priority", "tenant",
+    "prefix_id", "num_prefix_tokens", "hash_ids")
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -78,13 +78,13 @@ class CompiledReplica:
                  max_model_len: int | None = None, horizon_s: float | None = None,
                  name: str = "scheduler", hold: bool = False) -> None:
         from sim.engine import compiled_loop as loop  # numba compiles or loads the loop here
+        from sim.engine.compiled_cost import cost_inputs
 
         self.loop, self.spec, self.cost, self.kv, self.name = loop, spec, cost, kv, name
         self.max_model_len = max_model_len
         whole = spec.admission == "whole"
         self.budget = spec.max_num_batched_tokens if whole else None  # rejects longer prompts
         kind = cost_kind(cost)
-        roofline = kind == 0
         p = np.zeros(slots.NUM_PARAMS_I, dtype=np.int64)
         p[slots.P_BS], p[slots.P_NUM_BLOCKS] = kv.block_size, min(kv.num_blocks, _BIG)
         p[slots.P_CAPACITY] = min(kv.capacity_tokens, _BIG)
@@ -94,18 +94,12 @@ class CompiledReplica:
         p[slots.P_COMPOSITION] = COMPOSITIONS.index(spec.composition)
         p[slots.P_WHOLE], p[slots.P_CHUNK] = int(whole), spec.chunk_size or 0
         p[slots.P_ORDER], p[slots.P_VICTIM] = ORDERS.index(spec.order), VICTIMS.index(spec.victim)
-        p[slots.P_COST] = kind
-        p[slots.P_LAYERS] = cost.model.num_layers if roofline else 1
-        p[slots.P_TP] = cost.tp if roofline else 1
+        _, self.analytic, self.terms, self.dense, layers, tp = cost_inputs(cost, kind)
+        p[slots.P_COST], p[slots.P_LAYERS], p[slots.P_TP] = kind, layers, tp
         p[slots.P_HAS_HORIZON] = int(horizon_s is not None)
         p[slots.P_HOLD] = int(hold)  # finished requests keep their KV (compiled_handoff)
         self.params_i = p
         self.params_f = np.array([math.inf if horizon_s is None else horizon_s])
-        self.analytic = np.array(
-            [cost.step_s, 0.0, 0.0] if kind == 1 else
-            [cost.base_s, cost.per_token_s, cost.per_seq_s] if kind == 2 else [0.0] * 3)
-        self.terms = np.array(cost.attention_terms() if roofline else [0.0], dtype=np.float64)
-        self.dense = np.array(cost.dense_terms() if roofline else [0.0], dtype=np.float64)
         # the batch's rows (running list, plan, victims): sized by ``append``, at most
         # ``max_num_seqs`` (or the requests handed over) plus room for the checks
         self.running = np.empty(0, dtype=np.int64)

@@ -91,14 +91,54 @@ def step_cost(kind: int, analytic: np.ndarray, terms: np.ndarray, dense: np.ndar
     if kind == LINEAR:
         return (linear_seconds(analytic[C_BASE_S], analytic[C_PER_TOKEN_S],
                                analytic[C_PER_SEQ_S], tokens, rows), 0.0, 0.0, BOUND_LINEAR)
+    return roofline_step(terms, dense_constants(dense, float(tokens), rows), num_layers, tp,
+                         rows, tokens, n_dec, kv_dec, pairs_all, kv_all, c_lo, c_hi, worst_pf,
+                         peak_eff)
+
+
+@njit(**KERNEL, inline="always")
+def roofline_step(terms: np.ndarray, d: tuple, num_layers: int, tp: int, rows: int,
+                  tokens: int, n_dec: int, kv_dec: int, pairs_all: int, kv_all: int,
+                  c_lo: int, c_hi: int, worst_pf: float, peak_eff: float
+                  ) -> tuple[float, float, float, int]:
+    """``step_cost`` of a roofline step whose dense constants ``d`` are known
+    (``dense_constants`` of its tokens and rows: the same for every step of a decode
+    stretch, whose rows and tokens do not change)."""
     c_min = float(c_lo) if terms[roofline_terms.A_USES_MIN] != 0.0 else 0.0
     count_ops, tc0, tm0, f0, b0, tc1, tm1, f1, b1 = attention_ops(
         terms, rows, tokens, n_dec, kv_dec, pairs_all, kv_all, c_min, float(c_hi), worst_pf,
         peak_eff)
-    d = dense_constants(dense, float(tokens), rows)
     return assemble_step(d, count_ops, tc0, tm0, f0, b0, tc1, tm1, f1, b1, num_layers, tp)
 
 
+@njit(**KERNEL, inline="always")
+def decode_step_cost(kind: int, analytic: np.ndarray, terms: np.ndarray, dense: np.ndarray,
+                     num_layers: int, tp: int, rows: int, kv: int, c_lo: int, c_hi: int
+                     ) -> tuple[float, float, float, int]:
+    """``step_cost`` of a pure-decode step: ``rows`` rows of one new token each, attending
+    ``kv`` keys together, the shortest ``c_lo`` and the longest ``c_hi`` (padding rows are
+    rows like any other: the GPU computes them)."""
+    return step_cost(kind, analytic, terms, dense, num_layers, tp, rows, rows, rows, kv, kv,
+                     kv, c_lo, c_hi, 0.0, 0.0)
+
+
+def cost_inputs(cost: Any, kind: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, int,
+                                               int]:
+    """What ``step_cost`` is given of ``cost`` (its ``cost_kind``, ``kind``): ``(kind,
+    analytic, terms, dense, num_layers, tp)`` — ``ConstantCost``/``LinearCost`` parameters in
+    the ``C_*`` slots, or the roofline's own attention and dense constants
+    (``RooflineCost.attention_terms``, ``dense_terms``)."""
+    roofline = kind == ROOFLINE
+    analytic = np.array(
+        [cost.step_s, 0.0, 0.0] if kind == CONSTANT else
+        [cost.base_s, cost.per_token_s, cost.per_seq_s] if kind == LINEAR else [0.0] * 3)
+    terms = np.array(cost.attention_terms() if roofline else [0.0], dtype=np.float64)
+    dense = np.array(cost.dense_terms() if roofline else [0.0], dtype=np.float64)
+    return (kind, analytic, terms, dense, cost.model.num_layers if roofline else 1,
+            cost.tp if roofline else 1)
+
+
 __all__ = ["BOUND_NAMES", "CONSTANT", "LINEAR", "ROOFLINE", "admits", "blocks_for",
-           "blocks_needed", "max_fitting_tokens", "outranks", "prefill_peak_eff",
-           "prefill_unit_s", "step_cost", "watermark_blocks"]
+           "blocks_needed", "cost_inputs", "decode_step_cost", "max_fitting_tokens", "outranks",
+           "prefill_peak_eff", "prefill_unit_s", "roofline_step", "step_cost",
+           "watermark_blocks"]

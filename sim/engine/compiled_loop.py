@@ -126,7 +126,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "a4826046d57ced68baafbbf50d7b42acfd8b3211bb8b9771e56563a4425db2e3"
+RULES_SHA256 = "32163b44806bc9f156a0e85bad629834752dc551bd806667fc3d7105c779033e"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",

@@ -51,7 +51,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "e5d1dea548a4305d1b59e1bf74d167607bb495d00f47616e74ee714e682c83ea"
+ROUTE_SHA256 = "745f4434f2f7e5b430e175788ffb12ed2f9d6f44a4c8c204f6aa7f0644e69ddb"
 ROUTE_SOURCES = ("sim/core/load_rules.py", "sim/core/load_arrays.py",
                  "sim/engine/compiled_drive.py", "sim/engine/compiled_loop.py")
 

@@ -3,14 +3,23 @@
 The general engine skips a steady decode plan's repeats in one event
 (``sim.engine.skipping``); ``steady_stretch`` is the same for the compiled loop
 (``sim.engine.compiled_loop``): every step of the stretch is costed and logged as stepping
-would, in O(1), and the requests' counters advance once at its end.
+would, in O(1), and the requests' counters advance once at its end. ``decode_series`` costs
+such a stretch for the general engine (``sim.engine.compiled_series``), step by step by the
+same rule.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-from sim.engine.compiled_cost import KERNEL, blocks_for, step_cost
+from sim.engine.compiled_cost import (
+    KERNEL,
+    ROOFLINE,
+    blocks_for,
+    decode_step_cost,
+    dense_constants,
+    roofline_step,
+)
 from sim.engine.compiled_plan import (
     RF_ARRIVAL,
     RF_LAST_TOKEN,
@@ -51,6 +60,14 @@ from sim.engine.compiled_slots import (
     S_USED,
     SF_NOW,
 )
+
+# numba's on-disk cache of a function notices changes to its own file only: the rules these
+# functions compile in are pinned here (tests/test_scheduling.py recomputes it), so a change
+# to one of them invalidates them too, whether they are called from the loop or from Python.
+SKIP_SHA256 = "4214e2d799d4df2d12c672ed6e7c293675d32239cdb2062c4134786007d7a25f"
+SKIP_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
+                "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
+                "sim/engine/compiled_slots.py")
 
 
 @njit(**KERNEL)
@@ -106,9 +123,8 @@ def steady_stretch(req_i, req_f, plan_idx, n_plan, residues, params_i, params_f,
         room -= need
         used += need
         kv = kv0 + n_plan * j
-        secs, flops, nbytes, bound = step_cost(
-            kind, analytic, terms, dense, layers, tp, n_plan, n_plan, n_plan, kv, kv, kv,
-            c_lo + j, c_hi + j, 0.0, 0.0)
+        secs, flops, nbytes, bound = decode_step_cost(
+            kind, analytic, terms, dense, layers, tp, n_plan, kv, c_lo + j, c_hi + j)
         end = now + secs
         live += n_plan
         log_i[n_log, L_SEQS], log_i[n_log, L_PREFILL] = n_plan, 0
@@ -138,3 +154,26 @@ def steady_stretch(req_i, req_f, plan_idx, n_plan, residues, params_i, params_f,
     st_i[S_N_LOG], st_i[S_USED], st_i[S_LIVE] = n_log, used, live
     st_f[SF_NOW] = now
     return j
+
+
+@njit(**KERNEL)
+def decode_series(kind, analytic, terms, dense, layers, tp, rows, kv0, c_lo, c_hi,  # noqa: ANN001, ANN201
+                  seconds, flops, nbytes, bounds):
+    """The costs of ``len(seconds)`` successive pure-decode steps of ``rows`` rows, each a
+    token longer than the step before: step ``j`` attends ``kv0 + rows * j`` keys, its rows
+    ``c_lo + j`` to ``c_hi + j`` each. Each step is costed as ``steady_stretch`` costs one
+    (``decode_step_cost``), into ``seconds``, ``flops``, ``nbytes`` and ``bounds`` (codes of
+    ``compiled_cost.BOUND_NAMES``). A roofline's dense constants depend on the rows and tokens
+    only, so they are taken once for the stretch."""
+    if kind == ROOFLINE:
+        d = dense_constants(dense, float(rows), rows)
+        for j in range(len(seconds)):
+            kv = kv0 + rows * j
+            secs, f, b, bound = roofline_step(terms, d, layers, tp, rows, rows, rows, kv, kv, kv,
+                                              c_lo + j, c_hi + j, 0.0, 0.0)
+            seconds[j], flops[j], nbytes[j], bounds[j] = secs, f, b, bound
+        return
+    for j in range(len(seconds)):
+        secs, f, b, bound = decode_step_cost(kind, analytic, terms, dense, layers, tp, rows,
+                                             kv0 + rows * j, c_lo + j, c_hi + j)
+        seconds[j], flops[j], nbytes[j], bounds[j] = secs, f, b, bound

@@ -21,6 +21,7 @@ import simpy
 from policies import make_policy
 from policies.registry import Policy
 from sim.core.arrays import TraceArrays
+from sim.core.bulk import paused_gc
 from sim.core.errors import InputError
 from sim.core.state import Seq
 from sim.core.types import Request
@@ -28,7 +29,13 @@ from sim.cost.base import CostModel
 from sim.cost.checked import checked_cost
 from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
 from sim.engine.compiled import COMPILED_COLD_MIN_REQUESTS, COMPILED_MIN_REQUESTS, Outcomes
-from sim.engine.coverage import NotCovered, fast_path_blocker, planned_blocker, spec_of
+from sim.engine.coverage import (
+    NotCovered,
+    cost_kind,
+    fast_path_blocker,
+    planned_blocker,
+    spec_of,
+)
 from sim.engine.inputs import check_run_args, check_run_limits, model_len_limit, request_columns
 from sim.engine.replica import EngineError, Replica
 from sim.kv.config import AUTO, KVConfig, resolve_kv
@@ -244,7 +251,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
                 monitor(logs, np.fromiter((r.arrival_s for r in reqs), float, len(reqs)))
             table = _run_engine(reqs, policies, cost, kv_config, logs[0], checks=checks,
                                 horizon_s=horizon_s, event_skipping=event_skipping,
-                                max_model_len=limit, deadline=deadline, driver=driver)
+                                max_model_len=limit, deadline=deadline, driver=driver,
+                                series=_compiled_series(cost, len(reqs), num_replicas,
+                                                        fast_path, event_skipping))
     stream = _bucketed(logs, table)
     if stream is not None:
         steps = stream.table()
@@ -280,7 +289,8 @@ def _sorted_requests(requests: Sequence[Request] | TraceArrays) -> list[Request]
     """The requests as ``Request`` objects in arrival order, ties by id."""
     if isinstance(requests, TraceArrays):
         requests = requests.to_requests()
-    return sorted(requests, key=_ARRIVAL_ORDER)
+    with paused_gc():  # the key tuples: a million of them
+        return sorted(requests, key=_ARRIVAL_ORDER)
 
 
 def _driven_blocker(driver: ReplicaDriver, horizon_s: float | None,
@@ -420,7 +430,7 @@ def _on_compiled_steps(requests: Sequence[Request] | TraceArrays, cols: dict[str
 
 
 def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False,
-                 planned: bool = False) -> str:
+                 planned: bool = False, series: bool = False) -> str:
     """Why a run the compiled interpreter covers stays on the general engine anyway: asked
     to (``fast_path='interpreted'``), or too small to repay loading it ('' when it runs)."""
     if choice == "interpreted":
@@ -433,7 +443,7 @@ def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = F
                 "that repay loading the compiled interpreter")
     from sim.engine.compiled_cache import loop_is_cached
 
-    if not loop_is_cached(routed, planned=planned):
+    if not loop_is_cached(routed, planned=planned, series=series):
         return (f"{per_replica} requests on a replica, fewer than the "
                 f"{COMPILED_COLD_MIN_REQUESTS} that repay compiling the compiled interpreter "
                 "(not in numba's cache on this machine yet; the first larger run, or "
@@ -441,27 +451,45 @@ def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = F
     return ""
 
 
+def _compiled_series(cost: CostModel, n: int, num_replicas: int, fast_path: bool | str,
+                     event_skipping: bool) -> Any:
+    """What costs the general engine's skipped stretches: ``CompiledSeries`` (the same
+    numbers in compiled code, ``sim.engine.compiled_series``) when the run skips, its cost
+    model is one the compiled interpreter costs itself and it is large enough to repay
+    loading numba (``size_blocker``, as for the compiled steps); else ``None``
+    (``step_series``)."""
+    if (not event_skipping or cost_kind(cost) < 0
+            or size_blocker(n, num_replicas, True if fast_path is False else fast_path,
+                            series=True)):
+        return None
+    from sim.engine.compiled_series import CompiledSeries  # numba loads here
+
+    return CompiledSeries(cost)
+
+
 def _run_engine(reqs: list[Request], policies: list[Policy], cost: CostModel, kv: KVConfig,
                 log: StepLog, *, checks: bool, horizon_s: float | None, event_skipping: bool,
                 max_model_len: int | None, deadline: float | None,
-                driver: ReplicaDriver | None = None) -> pd.DataFrame:
+                driver: ReplicaDriver | None = None, series: Any = None) -> pd.DataFrame:
     """Run the general engine (one SimPy process per replica, or the replicas handed to
-    ``driver``); return the request table."""
+    ``driver``); return the request table. ``series``: what costs skipped stretches
+    (``Replica.series``; ``None``: ``step_series``)."""
     num_replicas = len(policies)
     if driver is not None:
         seqs: dict[int, Seq] = {}
         reps = [Replica(k, (), policies[k], cost, kv, log, seqs, checks=checks,
                         horizon_s=horizon_s, skip=event_skipping, max_model_len=max_model_len,
-                        deadline=deadline) for k in range(num_replicas)]
+                        deadline=deadline, series=series) for k in range(num_replicas)]
         driver(reqs, reps)
         missing = len(reqs) - len(seqs)
         if missing:
             raise EngineError(f"the replica driver admitted {len(seqs)} of {len(reqs)} requests")
         return request_table(sorted(seqs.values(), key=lambda s: s.req.id))
-    seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
+    with paused_gc():  # a million of them: see ``sim.core.bulk``
+        seqs = {r.id: Seq(r, i % num_replicas) for i, r in enumerate(reqs)}
     reps = [Replica(k, reqs[k::num_replicas], policies[k], cost, kv, log, seqs, checks=checks,
                     horizon_s=horizon_s, skip=event_skipping, max_model_len=max_model_len,
-                    deadline=deadline) for k in range(num_replicas)]
+                    deadline=deadline, series=series) for k in range(num_replicas)]
     if num_replicas == 1:  # nothing else on the clock: no SimPy event a step
         reps[0].run_alone()
     else:  # the replicas' steps interleave in the step log in clock order

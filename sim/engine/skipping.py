@@ -1,11 +1,12 @@
 """Exact event skipping: advance a ``steady`` decode plan over many steps in one event.
 
 A policy marks a pure-decode plan ``steady`` when it would repeat it until an arrival, a
-finish or a KV shortfall. ``plan_skip`` finds how many steps that is and costs them in numpy
-(``sim.cost.base.step_series``); ``commit_skip`` applies them at once and logs every step exactly as
-stepping would have: token times, KV held (growth, evictions of cached prefix blocks), live
-tokens. Decode blocks join a prefix chain only when their request finishes (``Replica.settle``),
-never mid-stretch, so skipping cannot reorder who extends a chain. Tested to be bit-identical
+finish or a KV shortfall. ``plan_skip`` finds how many steps that is and costs them at once
+(``Replica.series``: ``sim.cost.base.step_series``, or the same numbers in compiled code);
+``commit_skip`` applies them at once and logs every step exactly as stepping would have: token
+times, KV held (growth, evictions of cached prefix blocks), live tokens. Decode blocks join a
+prefix chain only when their request finishes (``Replica.settle``), never mid-stretch, so
+skipping cannot reorder who extends a chain. Tested to be bit-identical
 to stepping for every policy, allocator and preemption mode.
 
 A plan's ``on_finish`` and ``ignores_arrivals`` (``sim.core.types.Plan``) let a stretch go on
@@ -24,7 +25,7 @@ import numpy as np
 
 from sim.core.rules import blocks_for, blocks_needed
 from sim.core.types import BatchShape, PaddingRow, Plan
-from sim.cost.base import ConstantCost, LinearCost, StepSeries, step_series
+from sim.cost.base import ConstantCost, LinearCost, StepSeries
 from sim.cost.roofline import RooflineCost
 from sim.engine.drive import kv_changes_after
 
@@ -257,7 +258,7 @@ def stretch_costs(rep: Replica, shape: BatchShape, k: int, now: float, limit: fl
     """The costs of ``k`` decode steps after a step of ``shape`` and their end times from
     ``now``, cut after the step whose end reaches ``limit`` (stepping stops there)."""
     base = BatchShape(shape.new_tokens, shape.context_lens + 1, shape.num_padding_tokens)
-    series = step_series(rep.cost, base, k)
+    series = rep.series(base, k)
     ends = np.cumsum(np.concatenate(([now], series.seconds)))[1:]
     if ends[-1] >= limit:
         ends = ends[:int(np.searchsorted(ends, limit, side="left")) + 1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -19,7 +20,7 @@ from policies.registry import Policy
 from sim.core.rules import blocks_for, blocks_needed
 from sim.core.state import Seq
 from sim.core.types import BatchShape, Plan, Request, SeqView
-from sim.cost.base import CostModel
+from sim.cost.base import CostModel, StepSeries, step_series
 from sim.engine.drive import ReplicaEvent, emit_first_tokens
 from sim.kv.cache import BlockPool
 from sim.kv.config import KVConfig
@@ -51,11 +52,16 @@ class ReplicaSteps:
                  cost: CostModel, kv: KVConfig, log: StepLog, seqs: dict[int, Seq],
                  checks: bool = False, horizon_s: float | None = None,
                  skip: bool = True, deadline: float | None = None,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None,
+                 series: Callable[[BatchShape, int], StepSeries] | None = None) -> None:
         self.index = index
         self.requests = requests
         self.policy = policy
         self.cost = cost
+        #: Costs a skipped stretch's steps (``CostModel.step_series``, or the same numbers in
+        #: compiled code: ``sim.engine.compiled_series``, which ``simulate`` gives large runs).
+        self.series: Callable[[BatchShape, int], StepSeries] = (
+            partial(step_series, cost) if series is None else series)
         self.pool = BlockPool(kv)
         self.log = log
         self.seqs = seqs

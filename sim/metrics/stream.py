@@ -321,8 +321,10 @@ def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
 
 def _compact(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The multiset ``values`` × ``counts`` with each distinct value once (integer counts
-    summed exactly)."""
-    order = np.argsort(values, kind="stable")
+    summed exactly). The order of tied values is immaterial (their integer counts are
+    summed, and tied values are one value), so the unstable sort serves, several times
+    faster than a stable one on a chunk of step durations."""
+    order = np.argsort(values, kind="quicksort")
     v, w = values[order], counts[order].astype(np.int64)
     if not len(v):
         return v, w

@@ -1,0 +1,109 @@
+"""A skipped stretch costed in compiled code is the cost model's own steps, number for number.
+
+``sim.engine.compiled_series.CompiledSeries`` costs the general engine's skipped decode
+stretches for large runs; ``step_series`` (numpy, or repeated ``step`` calls) for the others.
+Which one a run takes depends on its size and on numba's cache, so both must give each step's
+``cost.step`` exactly: seconds, flops, bytes and bound.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sim
+from sim.core.types import BatchShape
+from sim.cost.base import ConstantCost, LinearCost, step_series
+from sim.engine.compiled_series import CompiledSeries
+from sim.workload.build import build_workload_arrays
+
+COSTS = {
+    "llama-3-8b/h100 tp1": sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1,
+                                                 engine="vllm"),
+    "llama-3-70b/a100-80gb tp4": sim.build_cost_model(model="llama-3-70b",
+                                                       hardware="a100-80gb", tp=4,
+                                                       engine="vllm"),
+    "llama-3-70b/h200 tp8": sim.build_cost_model(model="llama-3-70b", hardware="h200", tp=8),
+    "constant": ConstantCost(0.01),
+    "linear": LinearCost(0.002, 1e-5, 3e-5),
+}
+SERIES = {name: CompiledSeries(cost) for name, cost in COSTS.items()}
+
+
+def _stepped(cost, shape: BatchShape, k: int) -> list[tuple]:
+    return [(c.seconds, c.flops, c.bytes, c.bound) for c in (
+        cost.step(BatchShape(shape.new_tokens, shape.context_lens + j, shape.num_padding_tokens))
+        for j in range(k))]
+
+
+def _rows(series) -> list[tuple]:
+    return list(zip(series.seconds.tolist(), series.flops.tolist(), series.bytes.tolist(),
+                    series.bound, strict=True))
+
+
+@pytest.mark.parametrize("name", sorted(COSTS))
+@settings(max_examples=40, deadline=None)
+@given(context=st.lists(st.integers(1, 6000), min_size=1, max_size=48),
+       k=st.integers(1, 400), padding=st.integers(0, 5))
+def test_each_step_of_a_compiled_series_is_the_cost_models_step(name, context, k, padding):
+    cost = COSTS[name]
+    shape = BatchShape(np.ones(len(context), dtype=np.int64), np.array(context, dtype=np.int64),
+                       min(padding, len(context)))
+    got = SERIES[name](shape, k)
+    assert _rows(got) == _stepped(cost, shape, k)
+    assert _rows(got) == _rows(step_series(cost, shape, k))  # what a small run costs it with
+
+
+def test_a_stretch_with_prefill_rows_is_left_to_step_series():
+    cost = COSTS["llama-3-8b/h100 tp1"]
+    shape = BatchShape(np.array([1, 7]), np.array([40, 7]))
+    assert _rows(SERIES["llama-3-8b/h100 tp1"](shape, 5)) == _stepped(cost, shape, 5)
+
+
+def test_a_cost_model_the_interpreter_does_not_cost_is_refused():
+    windowed = sim.build_cost_model(model="mistral-7b", hardware="h100-sxm", tp=1)
+    assert windowed.model.sliding_window is not None
+    with pytest.raises(ValueError, match="not costed by the compiled interpreter"):
+        CompiledSeries(windowed)
+
+
+@pytest.mark.parametrize("policy", [{"name": "static", "batch_size": 8, "timeout_s": 0.2},
+                                    {"name": "dynamic", "max_batch_size": 8, "max_wait_s": 0.1}])
+def test_a_run_on_compiled_stretch_costs_is_the_run_on_numpy_ones(policy, monkeypatch):
+    from sim.engine import simulate as simulate_module
+
+    spec = {"arrival": {"process": "poisson", "rate": 4.0}, "num_requests": 400,
+            "lengths": {"dist": "empirical", "trace": "azure-conv"}}
+    reqs = build_workload_arrays(spec, np.random.default_rng(3))
+    cost = COSTS["llama-3-8b/h100 tp1"]
+    calls = []
+
+    class Counted(CompiledSeries):
+        def __call__(self, shape, num_steps):
+            calls.append(num_steps)
+            return super().__call__(shape, num_steps)
+
+    def run(series):
+        monkeypatch.setattr(simulate_module, "_compiled_series", lambda *a: series)
+        return sim.simulate(reqs, policy=policy, cost=cost, kv={"block_size": 16,
+                                                                "num_blocks": 3000})
+
+    compiled, numpy_costed = run(Counted(cost)), run(None)
+    assert len(calls) > 50  # every batch's run was costed in compiled code
+    pd.testing.assert_frame_equal(compiled.steps, numpy_costed.steps, check_exact=True)
+    pd.testing.assert_frame_equal(compiled.requests, numpy_costed.requests, check_exact=True)
+    assert compiled.summary == numpy_costed.summary
+
+
+def test_large_runs_take_compiled_stretch_costs_and_small_ones_numpy():
+    from sim.engine.simulate import _compiled_series
+
+    cost = COSTS["llama-3-8b/h100 tp1"]
+    assert _compiled_series(cost, 999, 1, True, True) is None  # too small to load numba
+    assert isinstance(_compiled_series(cost, 50_000, 1, True, True), CompiledSeries)
+    assert _compiled_series(cost, 50_000, 1, "interpreted", True) is None
+    assert _compiled_series(cost, 50_000, 1, True, False) is None  # nothing skipped
+    windowed = sim.build_cost_model(model="mistral-7b", hardware="h100-sxm", tp=1)
+    assert _compiled_series(windowed, 50_000, 1, True, True) is None
