@@ -307,7 +307,9 @@ def timeline_frame(buckets: pd.DataFrame) -> pd.DataFrame:
 def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
            ) -> tuple[np.ndarray, np.ndarray]:
     """Two compacted multisets as one: ``b``'s values added into ``a``'s sorted arrays (a
-    new copy of ``a`` only, no sort of the whole)."""
+    new copy of ``a`` only, no sort of the whole). The new values' places are worked out
+    once for both arrays (``np.insert`` twice would do it twice: a multi-million-value
+    multiset's merge is mostly that)."""
     (av, aw), (bv, bw) = a, b
     if not len(av):
         return b
@@ -316,7 +318,16 @@ def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
     aw = aw.copy()
     aw[pos[hit]] += bw[hit]  # b's values are distinct: each hit lands on its own slot
     new = ~hit
-    return np.insert(av, pos[new], bv[new]), np.insert(aw, pos[new], bw[new])
+    if not new.any():
+        return av, aw
+    added = bv[new]
+    at = pos[new] + np.arange(len(added))  # each new value's place in the merged arrays
+    old = np.ones(len(av) + len(added), dtype=bool)
+    old[at] = False
+    values, weights = np.empty(len(old), dtype=av.dtype), np.empty(len(old), dtype=aw.dtype)
+    values[at], weights[at] = added, bw[new]
+    values[old], weights[old] = av, aw
+    return values, weights
 
 
 def _compact(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
