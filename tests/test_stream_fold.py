@@ -10,7 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from sim.metrics import stream
 from sim.metrics.stream import MAX_COLUMNS, SUM_COLUMNS, StepStream
 
 FLOATS = {"duration_s", "flops", "bytes", "swap_s", "swapped_bytes"}
@@ -65,3 +68,31 @@ def test_fold_equals_pandas_group_by(seed: int) -> None:
     pd.testing.assert_frame_equal(got, want, check_exact=True)
     for k in want:  # bit for bit, not merely equal within pandas' tolerance
         assert (got[k].to_numpy() == want[k].to_numpy()).all(), k
+
+
+# -- the inter-token latency multiset: merged in numpy or in compiled code, one form --------
+@settings(max_examples=150, deadline=None)
+@given(pieces=st.lists(st.lists(st.tuples(st.sampled_from([0.0, 1e-3, 0.0125, 0.02, 0.5, 3.0,
+                                                             1e-3 + 1e-18, 7.25]),
+                                          st.integers(1, 9)), max_size=12),
+                       min_size=1, max_size=9),
+       compiled=st.booleans())
+def test_merged_pieces_are_the_compacted_whole(pieces, compiled) -> None:
+    # each distinct duration once, in order, with its gap counts summed: whichever way the
+    # pieces were merged (numpy, or the compiled linear merge large merges take)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stream, "COMPILED_MERGE_VALUES", 0 if compiled else 1 << 20)
+        _check_merge(pieces)
+
+
+def _check_merge(pieces) -> None:
+    compacted = [stream._compact(np.array([v for v, _ in p], dtype=float),
+                                 np.array([w for _, w in p], dtype=np.int64)) for p in pieces]
+    values = np.array([v for p in pieces for v, _ in p], dtype=float)
+    counts = np.array([w for p in pieces for _, w in p], dtype=np.int64)
+    want = stream._compact(values, counts)
+    got = stream._merge_all(compacted)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    assert list(got[0]) == sorted(set(values.tolist()))

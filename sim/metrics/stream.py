@@ -21,6 +21,7 @@ cool-down tail.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -175,10 +176,8 @@ class StepStream:
         if keep.any():
             self._itl.append(_compact(c["duration_s"][keep], w[keep]))
             self._itl_rows += int(keep.sum())
-            if len(self._itl) > 64:  # bound the pieces: merge them into the first, big one
-                big, *small = self._itl
-                self._itl = [_merge(big, _compact(*(np.concatenate(p)
-                                                    for p in zip(*small, strict=True))))]
+            if len(self._itl) > 64:  # bound the pieces: merge them into one
+                self._itl = [_merge_all(self._itl)]
 
     def sums(self) -> dict[str, float]:
         """The window's ``step_sums``, each added exactly over the chunks."""
@@ -193,10 +192,7 @@ class StepStream:
             self._itl = []
         if not pieces:
             return np.empty(0), np.empty(0, dtype=np.int64)
-        big, *small = pieces
-        if not small:
-            return big
-        return _merge(big, _compact(*(np.concatenate(p) for p in zip(*small, strict=True))))
+        return _merge_all(pieces)
 
     def _bucket(self, c: Mapping[str, np.ndarray]) -> None:
         index = np.floor(c["start_s"] / self.bucket_s).astype(np.int64)
@@ -302,6 +298,29 @@ def timeline_frame(buckets: pd.DataFrame) -> pd.DataFrame:
         if k != "duration_s":
             out[k] = buckets[f"{k}_sum"].to_numpy(float) / np.maximum(n, 1)
     return pd.DataFrame(out)
+
+
+#: Merges of at least this many values in all are made in compiled code
+#: (``sim.metrics.sorted_merge``, which loads numba); smaller ones in numpy (``_merge``).
+COMPILED_MERGE_VALUES = 1 << 20
+
+
+def _merge_all(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Compacted multisets (``_compact``'s form) as one, always merging the two smallest
+    left (each value is then copied about log(pieces) times, and the big one last)."""
+    heap = [(len(p[0]), i, p) for i, p in enumerate(pieces)]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        na, _, a = heapq.heappop(heap)
+        nb, i, b = heapq.heappop(heap)
+        if na + nb >= COMPILED_MERGE_VALUES:
+            from sim.metrics.sorted_merge import merge_sorted  # numba loads here
+
+            merged = merge_sorted(a[0], a[1], b[0], b[1])
+        else:
+            merged = _merge(a, b)
+        heapq.heappush(heap, (len(merged[0]), i, merged))
+    return heap[0][2]
 
 
 def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
