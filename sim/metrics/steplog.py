@@ -62,7 +62,7 @@ def _put(col: array, values: Any, k: int) -> None:
     elif isinstance(values, np.ndarray):
         dtype = np.float64 if col.typecode == "d" else np.int64
         part = np.ascontiguousarray(values[:k], dtype=dtype)
-        col.frombytes(memoryview(part).cast("B"))
+        col.frombytes(part.data.cast("B"))
     else:  # another scalar (a numpy integer, say)
         col.extend(array(col.typecode, (values,)) * k)
 
