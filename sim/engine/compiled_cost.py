@@ -86,14 +86,21 @@ def step_cost(kind: int, analytic: np.ndarray, terms: np.ndarray, dense: np.ndar
     """``(seconds, flops, bytes, bound code)`` of a step from its reductions (see
     ``roofline_terms.attention_ops``; the prefill unit and efficiency are the caller's, who
     holds the rows)."""
-    if kind == CONSTANT:
-        return analytic[C_BASE_S], 0.0, 0.0, BOUND_CONSTANT
-    if kind == LINEAR:
-        return (linear_seconds(analytic[C_BASE_S], analytic[C_PER_TOKEN_S],
-                               analytic[C_PER_SEQ_S], tokens, rows), 0.0, 0.0, BOUND_LINEAR)
+    if kind != ROOFLINE:
+        return analytic_step(kind, analytic, tokens, rows)
     return roofline_step(terms, dense_constants(dense, float(tokens), rows), num_layers, tp,
                          rows, tokens, n_dec, kv_dec, pairs_all, kv_all, c_lo, c_hi, worst_pf,
                          peak_eff)
+
+
+@njit(**KERNEL, inline="always")
+def analytic_step(kind: int, analytic: np.ndarray, tokens: int, rows: int
+                  ) -> tuple[float, float, float, int]:
+    """``step_cost`` of a ``ConstantCost`` or ``LinearCost`` step (``kind``): its time alone."""
+    if kind == CONSTANT:
+        return analytic[C_BASE_S], 0.0, 0.0, BOUND_CONSTANT
+    return (linear_seconds(analytic[C_BASE_S], analytic[C_PER_TOKEN_S], analytic[C_PER_SEQ_S],
+                           tokens, rows), 0.0, 0.0, BOUND_LINEAR)
 
 
 @njit(**KERNEL, inline="always")
@@ -118,8 +125,19 @@ def decode_step_cost(kind: int, analytic: np.ndarray, terms: np.ndarray, dense: 
     """``step_cost`` of a pure-decode step: ``rows`` rows of one new token each, attending
     ``kv`` keys together, the shortest ``c_lo`` and the longest ``c_hi`` (padding rows are
     rows like any other: the GPU computes them)."""
-    return step_cost(kind, analytic, terms, dense, num_layers, tp, rows, rows, rows, kv, kv,
-                     kv, c_lo, c_hi, 0.0, 0.0)
+    if kind != ROOFLINE:
+        return analytic_step(kind, analytic, rows, rows)
+    return decode_roofline_step(terms, dense_constants(dense, float(rows), rows), num_layers,
+                                tp, rows, kv, c_lo, c_hi)
+
+
+@njit(**KERNEL, inline="always")
+def decode_roofline_step(terms: np.ndarray, d: tuple, num_layers: int, tp: int, rows: int,
+                         kv: int, c_lo: int, c_hi: int) -> tuple[float, float, float, int]:
+    """``decode_step_cost`` of a roofline step whose dense constants ``d`` are known
+    (``dense_constants(dense, rows, rows)``: one value for a whole decode stretch)."""
+    return roofline_step(terms, d, num_layers, tp, rows, rows, rows, kv, kv, kv, c_lo, c_hi,
+                         0.0, 0.0)
 
 
 def cost_inputs(cost: Any, kind: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, int,
@@ -138,7 +156,8 @@ def cost_inputs(cost: Any, kind: int) -> tuple[int, np.ndarray, np.ndarray, np.n
             cost.tp if roofline else 1)
 
 
-__all__ = ["BOUND_NAMES", "CONSTANT", "LINEAR", "ROOFLINE", "admits", "blocks_for",
-           "blocks_needed", "cost_inputs", "decode_step_cost", "max_fitting_tokens", "outranks",
+__all__ = ["BOUND_NAMES", "CONSTANT", "LINEAR", "ROOFLINE", "admits", "analytic_step",
+           "blocks_for", "blocks_needed", "cost_inputs", "decode_roofline_step",
+           "decode_step_cost", "max_fitting_tokens", "outranks",
            "prefill_peak_eff", "prefill_unit_s", "roofline_step", "step_cost",
            "watermark_blocks"]

@@ -16,9 +16,9 @@ from sim.engine.compiled_cost import (
     KERNEL,
     ROOFLINE,
     blocks_for,
+    decode_roofline_step,
     decode_step_cost,
     dense_constants,
-    roofline_step,
 )
 from sim.engine.compiled_plan import (
     RF_ARRIVAL,
@@ -64,7 +64,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the rules these
 # functions compile in are pinned here (tests/test_scheduling.py recomputes it), so a change
 # to one of them invalidates them too, whether they are called from the loop or from Python.
-SKIP_SHA256 = "4214e2d799d4df2d12c672ed6e7c293675d32239cdb2062c4134786007d7a25f"
+SKIP_SHA256 = "a76cde351e859da68c353cb766c9ec592cd01309bf3c0d80ca75c746889f820e"
 SKIP_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_slots.py")
@@ -168,9 +168,8 @@ def decode_series(kind, analytic, terms, dense, layers, tp, rows, kv0, c_lo, c_h
     if kind == ROOFLINE:
         d = dense_constants(dense, float(rows), rows)
         for j in range(len(seconds)):
-            kv = kv0 + rows * j
-            secs, f, b, bound = roofline_step(terms, d, layers, tp, rows, rows, rows, kv, kv, kv,
-                                              c_lo + j, c_hi + j, 0.0, 0.0)
+            secs, f, b, bound = decode_roofline_step(terms, d, layers, tp, rows, kv0 + rows * j,
+                                                     c_lo + j, c_hi + j)
             seconds[j], flops[j], nbytes[j], bounds[j] = secs, f, b, bound
         return
     for j in range(len(seconds)):
