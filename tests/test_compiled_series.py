@@ -97,13 +97,35 @@ def test_a_run_on_compiled_stretch_costs_is_the_run_on_numpy_ones(policy, monkey
     assert compiled.summary == numpy_costed.summary
 
 
-def test_large_runs_take_compiled_stretch_costs_and_small_ones_numpy():
-    from sim.engine.simulate import _compiled_series
+def test_only_runs_that_repay_loading_numba_take_compiled_stretch_costs(monkeypatch):
+    import sim.engine.compiled_cache as compiled_cache
+    from sim.engine import simulate as simulate_module
+    from sim.engine.simulate import SERIES_COLD_MIN_REQUESTS, SERIES_MIN_REQUESTS
 
+    series = simulate_module._compiled_series
     cost = COSTS["llama-3-8b/h100 tp1"]
-    assert _compiled_series(cost, 999, 1, True, True) is None  # too small to load numba
-    assert isinstance(_compiled_series(cost, 50_000, 1, True, True), CompiledSeries)
-    assert _compiled_series(cost, 50_000, 1, "interpreted", True) is None
-    assert _compiled_series(cost, 50_000, 1, True, False) is None  # nothing skipped
+    below, cached_size = SERIES_MIN_REQUESTS - 1, SERIES_MIN_REQUESTS
+    assert series(cost, below, 1, True, True) is None  # numba would cost more than it saves
+    assert series(cost, 2 * below, 2, True, True) is None  # counted per replica
+    monkeypatch.setattr(compiled_cache, "loop_is_cached",
+                        lambda routed=False, planned=False, series=False: True)
+    assert isinstance(series(cost, cached_size, 1, True, True), CompiledSeries)
+    assert series(cost, cached_size, 1, "interpreted", True) is None
+    assert series(cost, cached_size, 1, True, False) is None  # nothing is skipped
     windowed = sim.build_cost_model(model="mistral-7b", hardware="h100-sxm", tp=1)
-    assert _compiled_series(windowed, 50_000, 1, True, True) is None
+    assert series(windowed, cached_size, 1, True, True) is None
+    monkeypatch.setattr(compiled_cache, "loop_is_cached",
+                        lambda routed=False, planned=False, series=False: False)
+    assert series(cost, cached_size, 1, True, True) is None  # a cold cache: compiling too
+    assert isinstance(series(cost, SERIES_COLD_MIN_REQUESTS, 1, True, True), CompiledSeries)
+
+
+def test_the_cache_check_sees_the_compiled_stretch_costs():
+    from sim.engine import compiled_skip
+    from sim.engine.compiled_cache import loop_is_cached
+
+    shape = BatchShape(np.ones(3, dtype=np.int64), np.array([5, 9, 40]))
+    SERIES["llama-3-8b/h100 tp1"](shape, 8)  # compiled (or loaded) in this process
+    assert compiled_skip.decode_series.overloads
+    assert loop_is_cached(series=True)
+    assert compiled_skip.decode_series._cache._cache_file._load_index()  # written to the cache

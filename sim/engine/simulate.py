@@ -430,7 +430,7 @@ def _on_compiled_steps(requests: Sequence[Request] | TraceArrays, cols: dict[str
 
 
 def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False,
-                 planned: bool = False, series: bool = False) -> str:
+                 planned: bool = False) -> str:
     """Why a run the compiled interpreter covers stays on the general engine anyway: asked
     to (``fast_path='interpreted'``), or too small to repay loading it ('' when it runs)."""
     if choice == "interpreted":
@@ -443,7 +443,7 @@ def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = F
                 "that repay loading the compiled interpreter")
     from sim.engine.compiled_cache import loop_is_cached
 
-    if not loop_is_cached(routed, planned=planned, series=series):
+    if not loop_is_cached(routed, planned=planned):
         return (f"{per_replica} requests on a replica, fewer than the "
                 f"{COMPILED_COLD_MIN_REQUESTS} that repay compiling the compiled interpreter "
                 "(not in numba's cache on this machine yet; the first larger run, or "
@@ -451,17 +451,32 @@ def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = F
     return ""
 
 
+#: Requests on a replica from which the general engine costs its skipped stretches in
+#: compiled code (``CompiledSeries``): a static batch's stretch costs about 100 µs less there
+#: (about 6 µs a request), while importing numba and loading the cached function cost about
+#: 1.3 s a process (docs/performance.md).
+SERIES_MIN_REQUESTS = 250_000
+#: The same while numba's cache does not hold it yet (compiling it takes seconds more).
+SERIES_COLD_MIN_REQUESTS = 1_000_000
+
+
 def _compiled_series(cost: CostModel, n: int, num_replicas: int, fast_path: bool | str,
                      event_skipping: bool) -> Any:
     """What costs the general engine's skipped stretches: ``CompiledSeries`` (the same
     numbers in compiled code, ``sim.engine.compiled_series``) when the run skips, its cost
     model is one the compiled interpreter costs itself and it is large enough to repay
-    loading numba (``size_blocker``, as for the compiled steps); else ``None``
-    (``step_series``)."""
-    if (not event_skipping or cost_kind(cost) < 0
-            or size_blocker(n, num_replicas, True if fast_path is False else fast_path,
-                            series=True)):
+    loading numba (``SERIES_MIN_REQUESTS`` a replica; ``SERIES_COLD_MIN_REQUESTS`` while
+    numba's cache does not hold it); else ``None`` (``step_series``)."""
+    if not event_skipping or fast_path == "interpreted" or cost_kind(cost) < 0:
         return None
+    per_replica = -(-n // num_replicas)
+    if per_replica < SERIES_MIN_REQUESTS:
+        return None
+    if per_replica < SERIES_COLD_MIN_REQUESTS:
+        from sim.engine.compiled_cache import loop_is_cached
+
+        if not loop_is_cached(series=True):
+            return None
     from sim.engine.compiled_series import CompiledSeries  # numba loads here
 
     return CompiledSeries(cost)
