@@ -160,10 +160,9 @@ class KVView:
 
 def _slot_setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
     """The ``__set__`` of each named slot of ``cls``: how the ``__init__`` of a frozen
-    dataclass that is made at every step (``View``, ``Plan``) or for every request (``Request``)
-    sets its fields. The generated
-    one calls ``object.__setattr__`` by name for each, about twice as slow, and a Python
-    policy's run makes one of each a step."""
+    dataclass made at every step (``View``, ``Plan``) or for every request (``Request``) sets
+    its fields. The generated one calls ``object.__setattr__`` by name for each, about twice
+    as slow, and a Python policy's run makes a ``View`` and a ``Plan`` a step."""
     return tuple(cls.__dict__[name].__set__ for name in names)
 
 

@@ -10,8 +10,9 @@ by the cost model's own step rule as the compiled interpreter costs it
 The numbers are the same: each step's seconds, flops, bytes and bound are ``cost.step``'s for
 that step, as the numpy series' are (``tests/test_compiled_series.py`` checks both against
 ``step``). ``simulate`` takes it for runs large enough to repay loading numba
-(``sim.engine.simulate.SERIES_MIN_REQUESTS``); what it does not cover (a prefill row, a cost model the
-interpreter does not cost itself, a stretch of one or two steps) goes to ``step_series``.
+(``sim.engine.simulate.SERIES_MIN_REQUESTS``); what it does not cover (a prefill row, a cost
+model the interpreter does not cost itself, a stretch of one or two steps) goes to
+``step_series``.
 """
 from __future__ import annotations
 

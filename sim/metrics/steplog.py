@@ -54,7 +54,7 @@ def _put(col: array, values: Any, k: int) -> None:
     kind = type(values)
     if kind is int or kind is float:  # a count or zero for every step: the common case
         if k <= _ZERO_ROWS and values == 0 and (kind is int or math.copysign(1.0, values) > 0):
-            col.frombytes(_ZEROS[:k << 3])  # (-0.0 keeps its sign bit: below)
+            col.frombytes(_ZEROS[:k << 3])  # (-0.0 has its sign bit set: the way below)
         else:
             col.extend(array(col.typecode, (values,)) * k)
     elif kind is list:
