@@ -78,8 +78,8 @@ def test_fold_equals_pandas_group_by(seed: int) -> None:
                        min_size=1, max_size=9),
        compiled=st.booleans())
 def test_merged_pieces_are_the_compacted_whole(pieces, compiled) -> None:
-    # each distinct duration once, in order, with its gap counts summed: whichever way the
-    # pieces were merged (numpy, or the compiled linear merge large merges take)
+    # each distinct duration once, in order, with its gap counts summed: whichever form of
+    # the one merge ran (its Python form, or compiled, which large merges take)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stream, "COMPILED_MERGE_VALUES", 0 if compiled else 1 << 20)
         _check_merge(pieces)

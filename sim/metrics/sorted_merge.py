@@ -1,21 +1,21 @@
-"""Merging two sorted multisets in one compiled pass: the step stream's inter-token latencies.
+"""Merging two sorted multisets in one pass: the step stream's inter-token latencies.
 
 A bucketed run keeps the durations of its steps with their regular inter-token gap counts as
-sorted arrays of distinct values (``sim.metrics.stream``), merged chunk by chunk. In numpy a
-merge is a binary search of every new value in the big array and two inserts; a
-million-request static batching run (29M distinct step durations) spent about 8 s in them.
-Merging two sorted arrays is one linear pass, which ``merge_sorted`` makes in compiled code;
-the stream takes it for large merges only, so a small run never loads numba. Both give the
-one canonical form (each distinct value once, in order, with its counts summed), so which
-one merged changes nothing.
+sorted arrays of distinct values (``sim.metrics.stream``), merged chunk by chunk. Merging two
+sorted arrays is one linear pass, ``merge_sorted``. It is written once, in plain Python;
+``compiled_merge_sorted`` is the same function compiled with numba (cached on disk), which
+the stream takes for large merges (a million-request static batching run merges 29M distinct
+step durations), while a small merge runs it as Python and never loads numba. Both give the
+one canonical form: each distinct value once, in order, with its counts summed.
 """
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
 import numpy as np
-from numba import njit
 
 
-@njit(cache=True, error_model="numpy")
 def merge_sorted(av: np.ndarray, aw: np.ndarray, bv: np.ndarray, bw: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
     """The multisets ``(av, aw)`` and ``(bv, bw)`` (sorted distinct values, integer counts)
@@ -47,3 +47,11 @@ def merge_sorted(av: np.ndarray, aw: np.ndarray, bv: np.ndarray, bw: np.ndarray
         j += 1
         k += 1
     return values[:k], weights[:k]
+
+
+@cache
+def compiled_merge_sorted() -> Any:
+    """``merge_sorted`` compiled with numba (imported here, on the first large merge)."""
+    from numba import njit
+
+    return njit(cache=True, error_model="numpy")(merge_sorted)

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.metrics.sorted_merge import compiled_merge_sorted, merge_sorted
+
 #: Steps the general engine's log gathers before folding them (bucketed tables).
 FOLD_ROWS = 1 << 16
 #: ``step_table="auto"`` keeps the full table up to this many steps, then folds.
@@ -300,9 +302,9 @@ def timeline_frame(buckets: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-#: Merges of at least this many values in all are made in compiled code
-#: (``sim.metrics.sorted_merge``, which loads numba); smaller ones in numpy (``_merge``).
-COMPILED_MERGE_VALUES = 1 << 20
+#: Merges of at least this many values in all run compiled (``sim.metrics.sorted_merge``,
+#: which loads numba then); smaller ones run its Python form.
+COMPILED_MERGE_VALUES = 1 << 16
 
 
 def _merge_all(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -313,40 +315,10 @@ def _merge_all(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
     while len(heap) > 1:
         na, _, a = heapq.heappop(heap)
         nb, i, b = heapq.heappop(heap)
-        if na + nb >= COMPILED_MERGE_VALUES:
-            from sim.metrics.sorted_merge import merge_sorted  # numba loads here
-
-            merged = merge_sorted(a[0], a[1], b[0], b[1])
-        else:
-            merged = _merge(a, b)
+        merge = compiled_merge_sorted() if na + nb >= COMPILED_MERGE_VALUES else merge_sorted
+        merged = merge(a[0], a[1], b[0], b[1])
         heapq.heappush(heap, (len(merged[0]), i, merged))
     return heap[0][2]
-
-
-def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """Two compacted multisets as one: ``b``'s values added into ``a``'s sorted arrays (a
-    new copy of ``a`` only, no sort of the whole). The new values' places are worked out
-    once for both arrays (``np.insert`` twice would do it twice: a multi-million-value
-    multiset's merge is mostly that)."""
-    (av, aw), (bv, bw) = a, b
-    if not len(av):
-        return b
-    pos = np.searchsorted(av, bv)
-    hit = (pos < len(av)) & (av[np.minimum(pos, len(av) - 1)] == bv)
-    aw = aw.copy()
-    aw[pos[hit]] += bw[hit]  # b's values are distinct: each hit lands on its own slot
-    new = ~hit
-    if not new.any():
-        return av, aw
-    added = bv[new]
-    at = pos[new] + np.arange(len(added))  # each new value's place in the merged arrays
-    old = np.ones(len(av) + len(added), dtype=bool)
-    old[at] = False
-    values, weights = np.empty(len(old), dtype=av.dtype), np.empty(len(old), dtype=aw.dtype)
-    values[at], weights[at] = added, bw[new]
-    values[old], weights[old] = av, aw
-    return values, weights
 
 
 def _compact(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

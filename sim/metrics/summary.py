@@ -50,6 +50,7 @@ _REQUEST_INTS = ("id", "num_prompt_tokens", "num_output_tokens")
 _REQUEST_FLOATS = ("arrival_s",)
 _SEQ_INTS = ("num_preemptions", "num_generated", "replica", "num_swaps", "num_cached_tokens")
 _SEQ_FLOATS = ("first_scheduled_s", "first_token_s", "finish_s", "max_itl_s")
+_REQ, _STATUS, _REASON = attrgetter("req"), attrgetter("status"), attrgetter("reason")
 
 
 def request_table(seqs: list) -> pd.DataFrame:
@@ -64,9 +65,6 @@ def request_table(seqs: list) -> pd.DataFrame:
         for name in names:
             columns[name] = np.fromiter(map(attrgetter(name), objects), dtype, n)
     return request_frame(columns, list(map(_STATUS, seqs)), list(map(_REASON, seqs)))
-
-
-_REQ, _STATUS, _REASON = attrgetter("req"), attrgetter("status"), attrgetter("reason")
 
 
 def request_frame(columns: dict[str, Any], status: list[str], reason: list[str]
