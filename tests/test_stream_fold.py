@@ -86,13 +86,39 @@ def test_merged_pieces_are_the_compacted_whole(pieces, compiled) -> None:
 
 
 def _check_merge(pieces) -> None:
-    compacted = [stream._compact(np.array([v for v, _ in p], dtype=float),
+    compacted = [stream.compact_multiset(np.array([v for v, _ in p], dtype=float),
                                  np.array([w for _, w in p], dtype=np.int64)) for p in pieces]
     values = np.array([v for p in pieces for v, _ in p], dtype=float)
     counts = np.array([w for p in pieces for _, w in p], dtype=np.int64)
-    want = stream._compact(values, counts)
+    want = stream.compact_multiset(values, counts)
     got = stream._merge_all(compacted)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(g, w)
     assert list(got[0]) == sorted(set(values.tolist()))
+
+
+def _durations_stream(values_per_chunk) -> StepStream:
+    s = StepStream(1.0, 0.0, 1e9, None, None)
+    s.bound_s = 1e9
+    for i, durations in enumerate(values_per_chunk):
+        n = len(durations)
+        c = {k: np.zeros(n, dtype=np.float64 if k in FLOATS else np.int64)
+             for k in SUM_COLUMNS}
+        c.update(start_s=i + np.arange(n) / (2 * n), replica=np.zeros(n, dtype=np.int64),
+                 duration_s=np.asarray(durations, dtype=float),
+                 num_regular_itl=np.ones(n, dtype=np.int64))
+        s.fold(c)
+    return s
+
+
+def test_itl_pieces_are_merged_while_merging_saves_memory() -> None:
+    # the same few durations in every chunk: merged every MERGE_PIECES, the pieces stay few
+    repeated = _durations_stream([[0.01, 0.02, 0.03]] * (3 * stream.MERGE_PIECES))
+    assert len(repeated.itl_pieces()) <= stream.MERGE_PIECES + 1
+    # distinct durations: one merge shows it saves nothing, and the pieces are kept as folded
+    rng = np.random.default_rng(1)
+    distinct = _durations_stream([rng.random(50) for _ in range(3 * stream.MERGE_PIECES)])
+    pieces = distinct.itl_pieces()
+    assert len(pieces) == 2 * stream.MERGE_PIECES
+    assert sum(len(v) for v, _ in pieces) == 50 * 3 * stream.MERGE_PIECES

@@ -18,8 +18,9 @@ import pandas as pd
 
 from sim.core.errors import InputError
 from sim.metrics.kv import kv_summary
+from sim.metrics.percentiles import pieces_stats, weighted_stats
 from sim.metrics.steplog import FLOAT_COLUMNS, STEP_COLUMNS, StepLog
-from sim.metrics.stream import StepStream, step_sums
+from sim.metrics.stream import StepStream, compact_multiset, step_sums
 
 __all__ = ["FLOAT_COLUMNS", "STEP_COLUMNS", "StepLog", "canonical_irregular", "request_frame",
            "request_table", "summarize"]
@@ -97,25 +98,12 @@ def _stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, f
         q = np.percentile(values, [50, 90, 99])
         return {"mean": values.mean() * 1e3, "median": q[0] * 1e3, "p90": q[1] * 1e3,
                 "p99": q[2] * 1e3}
-    # one multi-million-entry array after another: the caller holds no reference to these.
-    # The mean is taken in the given order and the percentiles read values only, so the
-    # order of tied values (an unstable sort's, ~3x faster than a stable one) changes nothing.
-    out = {"mean": float((values * weights).sum() / weights.sum()) * 1e3}
-    order = np.argsort(values, kind="quicksort")
-    v = values[order]
-    del values
-    w = weights[order]
-    del weights, order
-    cum = np.cumsum(w)  # integer counts stay exact; float weights as given
-    total = cum[-1]
-    # Inverted-CDF percentile of the weighted sample: identical to expanding the counts.
-    for name, p in (("median", 50), ("p90", 90), ("p99", 99)):
-        pos = p / 100 * (total - 1)
-        lo = int(np.searchsorted(cum, np.floor(pos) + 1))
-        hi = int(np.searchsorted(cum, np.ceil(pos) + 1))
-        frac = pos - np.floor(pos)
-        out[name] = float(v[lo] + (v[hi] - v[lo]) * frac) * 1e3
-    return out
+    return _in_ms(weighted_stats(values, weights))
+
+
+def _in_ms(stats: dict[str, float]) -> dict[str, float]:
+    """Seconds as milliseconds."""
+    return {k: v * 1e3 for k, v in stats.items()}
 
 
 def itl_sample(steps: pd.DataFrame, irregular: Any, irregular_counts: Any = None
@@ -193,9 +181,13 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
             stream.num_window, stream.max_kv_used
         g, w = _windowed_gaps(gaps, at, counts, any_steps, t0, end)
 
-        def itl() -> tuple[np.ndarray, np.ndarray]:
-            values, weights = stream.itl(release=True)  # the stream lets go of its sample
-            return np.concatenate([values, g]), np.concatenate([weights, w])
+        def itl() -> dict[str, float]:
+            # the stream lets go of its sample, kept as sorted pieces: never merged whole
+            pieces = stream.itl_pieces(release=True)
+            keep = w > 0
+            pieces.append(compact_multiset(g[keep], w[keep]))
+            stats = pieces_stats(pieces)
+            return dict.fromkeys(STATS, float("nan")) if stats is None else _in_ms(stats)
     else:
         st = steps
         if len(steps):
@@ -204,8 +196,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
                 st = steps[inside]
         num_steps = len(st)
         kv_max = float(st["kv_used_blocks"].max()) if num_steps else math.nan
-        def itl() -> tuple[np.ndarray, np.ndarray]:
-            return _windowed_itl(st, gaps, at, counts, any_steps, t0, end)
+        def itl() -> dict[str, float]:
+            return _stats(*_windowed_itl(st, gaps, at, counts, any_steps, t0, end))
 
         latency = _latency_stats(done, itl)  # before the step sums' temporaries exist
         # one pass over the columns; its per-step temporaries are freed as it goes (a
@@ -247,14 +239,14 @@ def _no_sums(block_size: int | None) -> dict[str, float]:
     return step_sums(empty, None, block_size)
 
 
-def _latency_stats(done: pd.DataFrame, itl: Callable[[], tuple[np.ndarray, np.ndarray]]
+def _latency_stats(done: pd.DataFrame, itl: Callable[[], dict[str, float]]
                    ) -> dict[str, float]:
-    """Mean, median, p90, p99 of TTFT, TPOT, ITL and E2E latency in milliseconds."""
+    """Mean, median, p90, p99 of TTFT, TPOT, ITL and E2E latency in milliseconds (``itl``
+    computes the ITL's, when they are due: its sample is built only then)."""
     out = {}
     for metric in LATENCIES:
         if metric == "itl":
-            # passed on unnamed, so _stats can free each array it is done with
-            stats = _stats(*itl())
+            stats = itl()
         else:
             stats = _stats(done[f"{metric if metric != 'e2el' else 'e2e'}_s"].to_numpy(float))
         for stat, v in stats.items():
