@@ -72,7 +72,7 @@ def request_frame(columns: dict[str, Any], status: list[str], reason: list[str]
                   ) -> pd.DataFrame:
     """The request table from per-request columns (the ids, times, counts of
     ``REQUEST_COLUMNS`` that are not derived), adding TTFT, TPOT and E2E."""
-    data = {k: np.array(v) for k, v in columns.items()}  # the table's own copies
+    data: dict[str, Any] = {k: np.array(v) for k, v in columns.items()}  # its own copies
     done = np.asarray(status, dtype=object) == "finished"
     arrival, first, finish = data["arrival_s"], data["first_token_s"], data["finish_s"]
     data["ttft_s"] = np.where(done, first - arrival, np.nan)
