@@ -8,6 +8,8 @@ of the one concatenated sample bit for bit, and the mean equals it to summation 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -36,24 +38,13 @@ def test_percentiles_over_pieces_equal_the_concatenated_sample(pieces) -> None:
     counts = np.concatenate([w for _, w in compacted])
     got = pieces_stats(compacted)
     if not len(values):
-        assert got is None
+        assert all(math.isnan(v) for v in got.values())
         return
     want = weighted_stats(values, counts)
-    assert got is not None and got.keys() == want.keys()
+    assert got.keys() == want.keys()
     for name in ("median", "p90", "p99"):
         assert got[name] == want[name], name
     assert got["mean"] == pytest.approx(want["mean"], rel=1e-12, abs=1e-300)
-
-
-@settings(max_examples=100, deadline=None)
-@given(pairs=st.lists(st.tuples(VALUES, st.integers(1, 6)), min_size=1, max_size=40))
-def test_weighted_percentiles_are_numpys_on_the_expanded_sample(pairs) -> None:
-    values = np.array([v for v, _ in pairs])
-    counts = np.array([c for _, c in pairs], dtype=np.int64)
-    expanded = np.repeat(values, counts)
-    got = weighted_stats(values, counts)
-    for name, p in (("median", 50), ("p90", 90), ("p99", 99)):
-        assert got[name] == pytest.approx(np.percentile(expanded, p), rel=1e-12, abs=1e-300)
 
 
 def test_a_split_never_changes_a_rank_value() -> None:
@@ -62,6 +53,5 @@ def test_a_split_never_changes_a_rank_value() -> None:
     pieces = [(values[i:i + 1], np.array([i % 7 + 1])) for i in range(399, -1, -1)]
     want = weighted_stats(values, np.array([i % 7 + 1 for i in range(400)]))
     got = pieces_stats(pieces)
-    assert got is not None
     assert [got[k] for k in ("median", "p90", "p99")] == [want[k] for k in
                                                           ("median", "p90", "p99")]

@@ -49,14 +49,14 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
     return out
 
 
-def pieces_stats(pieces: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float] | None:
+def pieces_stats(pieces: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
     """``weighted_stats`` of the union of ``pieces`` — each ``(values, counts)``, values
-    sorted ascending and never NaN, counts integers > 0 — without merging them; ``None``
-    when they hold no value. The percentiles equal ``weighted_stats``' of the concatenated
+    sorted ascending and never NaN, counts integers > 0 — without merging them (NaN when
+    they hold no value). The percentiles equal ``weighted_stats``' of the concatenated
     pieces exactly; the mean differs from it only by summation order."""
     pieces = [p for p in pieces if len(p[0])]
     if not pieces:
-        return None
+        return dict.fromkeys(("mean", *(name for name, _ in PERCENTILES)), float("nan"))
     keys = [_order_keys(v) for v, _ in pieces]
     cums = [_counts_before(w) for _, w in pieces]
     total = sum(int(c[-1]) for c in cums)

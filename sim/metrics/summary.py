@@ -18,7 +18,7 @@ import pandas as pd
 
 from sim.core.errors import InputError
 from sim.metrics.kv import kv_summary
-from sim.metrics.percentiles import pieces_stats, weighted_stats
+from sim.metrics.percentiles import PERCENTILES, pieces_stats, weighted_stats
 from sim.metrics.steplog import FLOAT_COLUMNS, STEP_COLUMNS, StepLog
 from sim.metrics.stream import StepStream, compact_multiset, step_sums
 
@@ -31,7 +31,7 @@ REQUEST_COLUMNS = ("id", "arrival_s", "first_scheduled_s", "first_token_s", "fin
                    "reason", "replica", "num_swaps", "num_cached_tokens")
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
-STATS = ("mean", "median", "p90", "p99")
+STATS = ("mean", *(name for name, _ in PERCENTILES))
 
 
 def canonical_irregular(runs: list[tuple[np.ndarray, ...]]
@@ -100,9 +100,9 @@ def _stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, f
     if values.size == 0:
         return dict.fromkeys(STATS, float("nan"))
     if weights is None:
-        q = np.percentile(values, [50, 90, 99])
-        return {"mean": values.mean() * 1e3, "median": q[0] * 1e3, "p90": q[1] * 1e3,
-                "p99": q[2] * 1e3}
+        q = np.percentile(values, [p for _, p in PERCENTILES])
+        return {"mean": values.mean() * 1e3,
+                **{name: q[i] * 1e3 for i, (name, _) in enumerate(PERCENTILES)}}
     return _in_ms(weighted_stats(values, weights))
 
 
@@ -191,8 +191,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
             pieces = stream.itl_pieces(release=True)
             keep = w > 0
             pieces.append(compact_multiset(g[keep], w[keep]))
-            stats = pieces_stats(pieces)
-            return dict.fromkeys(STATS, float("nan")) if stats is None else _in_ms(stats)
+            return _in_ms(pieces_stats(pieces))
     else:
         st = steps
         if len(steps):
