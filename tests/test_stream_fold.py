@@ -122,3 +122,34 @@ def test_itl_pieces_are_merged_while_merging_saves_memory() -> None:
     pieces = distinct.itl_pieces()
     assert len(pieces) == 2 * stream.MERGE_PIECES
     assert sum(len(v) for v, _ in pieces) == 50 * 3 * stream.MERGE_PIECES
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fold_keeps_no_view_of_the_rows_it_is_given(seed: int) -> None:
+    # A folding step log hands its rows over as views of its buffers and then writes them
+    # again: a stream given chunks that are overwritten right after each fold ends exactly
+    # as one given copies that nobody touches (buckets, window sums, ITL pieces, held rows).
+    rng = np.random.default_rng(seed)
+    replicas = (1, 3)[seed % 2]
+    kept, scribbled = (StepStream(1.0, 0.5, 1e9, 64, 16) for _ in range(2))
+    t = 0.0
+    for i in range(int(rng.integers(2, 6))):
+        c = _chunk(rng, int(rng.integers(1, 3000)), t, replicas, constant=seed % 3 == 0)
+        c["num_regular_itl"] = rng.integers(0, 3, len(c["start_s"]))
+        t = float(c["start_s"][-1])
+        if i % 2:  # the window's last finish advances: earlier held rows get decided later
+            finish = t * float(rng.random())
+            for s in (kept, scribbled):
+                s.finished(1.0, finish)
+        kept.fold({k: v.copy() for k, v in c.items()})
+        scribbled.fold(c)
+        for v in c.values():  # the log's next chunk, written over the same buffers
+            v[...] = -7 if v.dtype.kind == "i" else np.nan
+    for s in (kept, scribbled):
+        s.close(t * 0.9)
+    pd.testing.assert_frame_equal(scribbled.table(), kept.table(), check_exact=True)
+    assert scribbled.sums() == kept.sums()
+    assert (scribbled.num_window, scribbled.max_kv_used) == (kept.num_window, kept.max_kv_used)
+    for got, want in zip(scribbled.itl_pieces(), kept.itl_pieces(), strict=True):
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])

@@ -12,7 +12,6 @@ stays flat however long the run (see ``sim.metrics.stream``).
 """
 from __future__ import annotations
 
-import math
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,36 +34,20 @@ FLOAT_COLUMNS = frozenset({"start_s", "duration_s", "flops", "bytes", "swap_s", 
 #: A count of ``extend``: one value for every step, or one per step (an array, or a list).
 PerStep = int | np.ndarray | list[int]
 
+#: The numeric step columns (``bound`` is a list of names).
+NUMERIC_COLUMNS = tuple(c for c in STEP_COLUMNS if c != "bound")
+#: Rows a log's column buffers hold at first; they double whenever full.
+FIRST_ROWS = 1024
+
 
 def _new_columns() -> dict[str, Any]:
-    return {c: [] if c == "bound" else array("d" if c in FLOAT_COLUMNS else "q")
-            for c in STEP_COLUMNS}
+    return {"bound": []}
 
 
-#: Zero bytes to append a run of zeros from (0 and 0.0 are both all-zero bits).
-_ZEROS = memoryview(bytes(8 << 12))
-_ZERO_ROWS = len(_ZEROS) >> 3
-
-
-def _put(col: array, values: Any, k: int) -> None:
-    """Append ``k`` values (a scalar repeated, an array, or a list of exactly ``k`` Python
-    numbers: a short skipped stretch's) to a typed column without boxing. Arrays and runs of
-    zeros are copied in once, from their own bytes (a skipped stretch's steps are logged
-    column by column: 19 appends of hundreds of values, millions of times a large run)."""
-    kind = type(values)
-    if kind is int or kind is float:  # a count or zero for every step: the common case
-        if k <= _ZERO_ROWS and values == 0 and (kind is int or math.copysign(1.0, values) > 0):
-            col.frombytes(_ZEROS[:k << 3])  # (-0.0 has its sign bit set: the way below)
-        else:
-            col.extend(array(col.typecode, (values,)) * k)
-    elif kind is list:
-        col.extend(values)
-    elif isinstance(values, np.ndarray):
-        dtype = np.float64 if col.typecode == "d" else np.int64
-        part = np.ascontiguousarray(values[:k], dtype=dtype)
-        col.frombytes(part.data.cast("B"))
-    else:  # another scalar (a numpy integer, say)
-        col.extend(array(col.typecode, (values,)) * k)
+def _put(col: np.ndarray, n: int, values: Any, k: int) -> None:
+    """Write ``k`` values (a scalar repeated, an array of at least ``k``, or a list of exactly
+    ``k`` Python numbers: a short skipped stretch's) into a column buffer from row ``n``."""
+    col[n:n + k] = values[:k] if type(values) is np.ndarray else values
 
 
 def _numpy(a: array) -> np.ndarray:
@@ -77,13 +60,20 @@ def _numpy(a: array) -> np.ndarray:
 class StepLog:
     """Typed column arrays of per-step records plus the irregular inter-token gaps.
 
-    Columns are ``array.array`` (8 bytes a value, not a boxed Python number: a 5M-step run
-    stays well under a gigabyte); ``table()`` views them as numpy without copying twice.
+    Numeric columns are numpy buffers with room to grow (8 bytes a value, not a boxed Python
+    number: a 5M-step run stays well under a gigabyte), written in place: a skipped stretch's
+    steps are 18 slice writes, not one append a value. ``table()`` views them without copying.
+    A folding log hands its rows over as views and then writes the same buffers again (the
+    stream keeps none of them: ``tests/test_stream_fold.py``): memory already paged in, instead
+    of fresh pages faulted in value by value each chunk.
     Irregular gaps are run-length encoded: consecutive tokens with the same gap at the same
     time (every running decode after one prefill step, say) share one ``(at, gap, count)`` entry.
     """
 
+    #: ``bound`` (a list, one name a step, whose length is the log's) and the numeric column
+    #: buffers, each ``capacity`` rows long; the rows held are the first ``len(self)``.
     cols: dict[str, Any] = field(default_factory=_new_columns)
+    capacity: int = 0
     #: Columns that are 0 in every row and so never appended to (a fast path's padding and
     #: swap columns): ``table()`` makes them with ``np.zeros``, whose pages stay unallocated.
     zero_columns: frozenset[str] = frozenset()
@@ -132,26 +122,30 @@ class StepLog:
                swapped_bytes: float = 0.0) -> None:
         """Append one step (the keyword columns are the KV cache's, see ``sim.metrics.kv``)."""
         c = self.cols
-        c["kv_live_tokens"].append(kv_live_tokens)
-        c["kv_cached_blocks"].append(kv_cached_blocks)
-        c["num_recomputed_tokens"].append(num_recomputed_tokens)
-        c["swap_s"].append(swap_s)
-        c["swapped_bytes"].append(swapped_bytes)
-        c["replica"].append(replica)
-        c["start_s"].append(start)
-        c["duration_s"].append(duration)
-        c["num_seqs"].append(num_seqs)
-        c["num_prefill_tokens"].append(num_prefill)
-        c["num_decode_tokens"].append(num_decode)
-        c["num_padding_tokens"].append(num_padding)
-        c["num_padding_rows"].append(num_padding_rows)
-        c["num_waiting"].append(num_waiting)
-        c["kv_used_blocks"].append(kv_used)
-        c["flops"].append(step.flops)
-        c["bytes"].append(step.bytes)
-        c["bound"].append(step.bound)
-        c["num_regular_itl"].append(regular_itl)
-        if self.fold_at and len(c["bound"]) >= self.fold_at:
+        bound = c["bound"]
+        n = len(bound)
+        if n == self.capacity:
+            self._reserve(1)
+        c["kv_live_tokens"][n] = kv_live_tokens
+        c["kv_cached_blocks"][n] = kv_cached_blocks
+        c["num_recomputed_tokens"][n] = num_recomputed_tokens
+        c["swap_s"][n] = swap_s
+        c["swapped_bytes"][n] = swapped_bytes
+        c["replica"][n] = replica
+        c["start_s"][n] = start
+        c["duration_s"][n] = duration
+        c["num_seqs"][n] = num_seqs
+        c["num_prefill_tokens"][n] = num_prefill
+        c["num_decode_tokens"][n] = num_decode
+        c["num_padding_tokens"][n] = num_padding
+        c["num_padding_rows"][n] = num_padding_rows
+        c["num_waiting"][n] = num_waiting
+        c["kv_used_blocks"][n] = kv_used
+        c["flops"][n] = step.flops
+        c["bytes"][n] = step.bytes
+        c["num_regular_itl"][n] = regular_itl
+        bound.append(step.bound)  # last: ``len`` counts complete rows (``latest``)
+        if self.fold_at and n >= self.fold_at - 1:
             self.fold()
 
     def extend(self, replica: int, starts: np.ndarray | list[float],
@@ -165,29 +159,46 @@ class StepLog:
         step: a short stretch's). Column by column, without a loop over (name, value) pairs:
         a short stretch of a few steps is logged thousands of times a run."""
         c, k = self.cols, len(starts)
-        put = _put
-        put(c["kv_live_tokens"], 0 if kv_live_tokens is None else kv_live_tokens, k)
-        put(c["kv_cached_blocks"], 0 if kv_cached_blocks is None else kv_cached_blocks, k)
-        put(c["num_recomputed_tokens"], 0, k)
-        put(c["swap_s"], 0.0, k)
-        put(c["swapped_bytes"], 0.0, k)
-        put(c["replica"], replica, k)
-        put(c["start_s"], starts, k)
-        put(c["duration_s"], durations, k)
-        put(c["num_seqs"], num_seqs, k)
-        put(c["num_prefill_tokens"], 0, k)
-        put(c["num_decode_tokens"], num_decode, k)
-        put(c["num_padding_tokens"], num_padding, k)
-        put(c["num_padding_rows"], num_padding_rows, k)
-        put(c["num_waiting"], num_waiting, k)
-        put(c["kv_used_blocks"], kv_used, k)
-        put(c["flops"], series.flops, k)
-        put(c["bytes"], series.bytes, k)
-        put(c["num_regular_itl"], regular_itl, k)
         bound = c["bound"]
+        n = len(bound)
+        if n + k > self.capacity:
+            self._reserve(k)
+        put = _put
+        put(c["kv_live_tokens"], n, 0 if kv_live_tokens is None else kv_live_tokens, k)
+        put(c["kv_cached_blocks"], n, 0 if kv_cached_blocks is None else kv_cached_blocks, k)
+        end = n + k
+        c["num_recomputed_tokens"][n:end] = 0
+        c["swap_s"][n:end] = 0.0
+        c["swapped_bytes"][n:end] = 0.0
+        c["replica"][n:end] = replica
+        put(c["start_s"], n, starts, k)
+        put(c["duration_s"], n, durations, k)
+        put(c["num_seqs"], n, num_seqs, k)
+        c["num_prefill_tokens"][n:end] = 0
+        put(c["num_decode_tokens"], n, num_decode, k)
+        put(c["num_padding_tokens"], n, num_padding, k)
+        put(c["num_padding_rows"], n, num_padding_rows, k)
+        put(c["num_waiting"], n, num_waiting, k)
+        put(c["kv_used_blocks"], n, kv_used, k)
+        put(c["flops"], n, series.flops, k)
+        put(c["bytes"], n, series.bytes, k)
+        put(c["num_regular_itl"], n, regular_itl, k)
         bound.extend(series.bound[:k])
-        if self.fold_at and len(bound) >= self.fold_at:
+        if self.fold_at and end >= self.fold_at:
             self.fold()
+
+    def _reserve(self, k: int) -> None:
+        """Room for ``k`` more rows: every column buffer replaced by one twice as long (at
+        least ``FIRST_ROWS``), the rows held copied over. A large buffer's pages are mapped
+        as they are first written (``np.empty``), so its unused room is address space."""
+        n = len(self.cols["bound"])
+        capacity = max(FIRST_ROWS, n + k, 2 * self.capacity)
+        for name in NUMERIC_COLUMNS:
+            new = np.empty(capacity, dtype=np.float64 if name in FLOAT_COLUMNS else np.int64)
+            if n:
+                new[:n] = self.cols[name][:n]
+            self.cols[name] = new
+        self.capacity = capacity
 
     def __len__(self) -> int:
         return len(self.cols["bound"])
@@ -211,8 +222,8 @@ class StepLog:
                                if rows else 0.0)
                     break
             else:
-                col = self.cols[name]
-                out.append(float(col[min(n, len(col)) - 1]) if len(col) and
+                col = self.cols.get(name)
+                out.append(float(col[n - 1]) if col is not None and len(col) >= n and
                            name not in self.zero_columns else 0.0)
         return tuple(out)
 
@@ -224,7 +235,12 @@ class StepLog:
             del data["bound"]
             self.stream.fold(data)
             del data
-        self.cols = _new_columns()  # new buffers: numpy views of the old ones may live on
+        # The buffers are written again from row 0: the stream kept no view of them. A log
+        # that folds first at ``AUTO_MAX_STEPS`` lets its long buffers go for chunk-sized ones.
+        self.cols["bound"] = []
+        if self.capacity > 4 * (FOLD_ROWS + FIRST_ROWS):
+            self.cols, self.capacity = _new_columns(), 0
+            self._reserve(FOLD_ROWS + FIRST_ROWS)
         self.packed_ints, self.packed_floats = array("q"), array("d")
         self.fold_at = FOLD_ROWS
 
@@ -250,17 +266,17 @@ class StepLog:
         """Every column as an array over the rows held: views of the log's buffers."""
         c = self.cols
         n = len(self)
-        data = {}
-        for k, v in c.items():
-            dtype = np.float64 if k != "bound" and v.typecode == "d" else np.int64
-            if k == "bound":
-                data[k] = v
-            elif k not in self.zero_columns:
-                data[k] = np.frombuffer(v, dtype=dtype)
-            elif k == "replica" and self.replica:
+        data: dict[str, Any] = {"bound": c["bound"]}
+        for k in NUMERIC_COLUMNS:
+            dtype = np.float64 if k in FLOAT_COLUMNS else np.int64
+            if k == "replica" and k in self.zero_columns and self.replica:
                 data[k] = np.full(n, self.replica, dtype=np.int64)
-            else:
+            elif k in self.zero_columns:
                 data[k] = np.zeros(n, dtype=dtype)
+            elif k in c:
+                data[k] = c[k][:n]
+            elif n == 0:
+                data[k] = np.empty(0, dtype=dtype)
         for names, packed, dtype in ((self.packed_int_columns, self.packed_ints, np.int64),
                                      (self.packed_float_columns, self.packed_floats,
                                       np.float64)):
