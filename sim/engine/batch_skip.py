@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.core.rules import blocks_for, blocks_needed
+from sim.core.rules import blocks_for
 from sim.core.types import BatchShape, Plan
 from sim.cost.base import StepSeries
 from sim.engine.drive import kv_changes_after
@@ -110,6 +110,9 @@ def commit_batch_run(rep: Replica, plan: Plan, series: StepSeries, ends: np.ndar
     running = rep.running
     batch = [running[sid] for sid in plan.run]
     slab = pool.config.allocator == "slab"
+    if not slab:  # the rows' growth at once: it fits without the finishers' releases
+        pool.take_for_all(batch, np.maximum(blocks_for(computed + last, bs) - held, 0)
+                          .tolist())
     settle = rep.settle
     last_j, end_s, worst_s = last.tolist(), ends.tolist(), worst.tolist()
     for i in np.argsort(last, kind="stable").tolist():  # finishes in time order
@@ -117,10 +120,6 @@ def commit_batch_run(rep: Replica, plan: Plan, series: StepSeries, ends: np.ndar
         seq.skip(j, end_s[j - 1], worst_s[j - 1])
         if slab:
             pool.grow(seq, seq.num_computed)
-        else:
-            need = blocks_needed(seq.num_computed, 0, seq.num_blocks, bs)
-            if need:
-                pool.take_for(seq, need)
         settle(seq, end_s[j - 1])
     pool.peak_used = peak  # growth was taken row by row: the peak is the steps' own
     pad = len(plan.padding) + n - alive

@@ -75,6 +75,16 @@ class BlockPool:
         seq.num_blocks += need
         self.charged += need
 
+    def take_for_all(self, seqs: list[Seq], needs: list[int]) -> None:
+        """``take_for`` of each of ``seqs`` its ``needs`` (>= 0) more blocks, taken as one
+        (a batch run's rows grow together)."""
+        total = sum(needs)
+        if total:
+            self._take(total)
+            for seq, need in zip(seqs, needs, strict=True):
+                seq.num_blocks += need
+            self.charged += total
+
     def _take(self, num_blocks: int) -> None:
         if num_blocks > self.free and self.cache is not None:
             self.free += self.cache.evict(num_blocks - self.free)

@@ -193,6 +193,10 @@ class StepLog:
         as they are first written (``np.empty``), so its unused room is address space."""
         n = len(self.cols["bound"])
         capacity = max(FIRST_ROWS, n + k, 2 * self.capacity)
+        if self.fold_at and capacity > 4 * (FOLD_ROWS + FIRST_ROWS):
+            # a log this long folds at ``fold_at`` (``"auto"``'s first fold): room for that
+            # at once, instead of doubling (and copying) its way there
+            capacity = max(capacity, self.fold_at + FIRST_ROWS)
         for name in NUMERIC_COLUMNS:
             new = np.empty(capacity, dtype=np.float64 if name in FLOAT_COLUMNS else np.int64)
             if n:
