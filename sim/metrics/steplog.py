@@ -1,14 +1,15 @@
 """The step log: per-iteration records appended in the engine's hot loop.
 
-The log appends plain Python numbers to typed column arrays inside the loop (no DataFrame work
-on the hot path); the table is built once at the end. Inter-token latencies are kept exactly
+The log writes plain Python numbers (a step) or numpy slices (a skipped stretch) into numpy
+column buffers inside the loop (no DataFrame work on the hot path); the table is built once at
+the end. Inter-token latencies are kept exactly
 without per-token objects: a token produced one step after its predecessor has an ITL equal to
 that step's duration, so each step stores a count of such tokens, and only the irregular gaps
 (after a stall or a preemption) are stored individually.
 
 With a ``StepStream`` attached (``step_table="buckets"``, or ``"auto"`` past
-``AUTO_MAX_STEPS``) the rows are handed to it every ``FOLD_ROWS`` steps and dropped, so memory
-stays flat however long the run (see ``sim.metrics.stream``).
+``AUTO_MAX_STEPS``) the rows are handed to it every ``FOLD_ROWS`` steps and the buffers written
+again from the top, so memory stays flat however long the run (see ``sim.metrics.stream``).
 """
 from __future__ import annotations
 
