@@ -95,14 +95,26 @@ def one(size: int, policy: str, rate: float, output_scale: float, seed: int) -> 
 
 def warm_kernel() -> float:
     """Compile the compiled interpreter into numba's on-disk cache (or load it, if cached) in
-    this process; return the seconds it took. Every benchmark process then loads it."""
+    this process, with the compiled code the general engine's large runs take (stretch and
+    step costs, the ITL merge); return the seconds it took. Every benchmark process then
+    loads it."""
     sys.path.insert(0, str(REPO))
+    import numpy as np
+
     import sim
+    from sim.core.types import BatchShape
+    from sim.engine.compiled_series import CompiledSeries
+    from sim.metrics.sorted_merge import compiled_merge_sorted
 
     cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engine="vllm")
     t0 = time.perf_counter()
     sim.simulate([sim.Request(i, i * 0.01, 100, 20) for i in range(50)], policy="continuous",
                  cost=cost, fast_path="compiled")
+    series = CompiledSeries(cost)
+    series(BatchShape(np.ones(4, dtype=np.int64), np.arange(10, 14, dtype=np.int64)), 8)
+    series.step(BatchShape(np.array([5, 1], dtype=np.int64), np.array([5, 40], dtype=np.int64)))
+    values, counts = np.array([0.5, 1.0]), np.array([1, 2], dtype=np.int64)
+    compiled_merge_sorted()(values, counts, values, counts)
     return time.perf_counter() - t0
 
 

@@ -3,7 +3,8 @@
 ``sim.engine.compiled_series.CompiledSeries`` costs the general engine's skipped decode
 stretches for large runs; ``step_series`` (numpy, or repeated ``step`` calls) for the others.
 Which one a run takes depends on its size and on numba's cache, so both must give each step's
-``cost.step`` exactly: seconds, flops, bytes and bound.
+``cost.step`` exactly: seconds, flops, bytes and bound. The same holds for the steps large
+runs cost one at a time (``CompiledSeries.step``: prefill steps, padded or not).
 """
 from __future__ import annotations
 
@@ -54,6 +55,27 @@ def test_each_step_of_a_compiled_series_is_the_cost_models_step(name, context, k
     got = SERIES[name](shape, k)
     assert _rows(got) == _stepped(cost, shape, k)
     assert _rows(got) == _rows(step_series(cost, shape, k))  # what a small run costs it with
+
+
+@pytest.mark.parametrize("name", sorted(COSTS))
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.sampled_from([1, 1, 1, 2, 16, 300, 2048]),
+                               st.integers(0, 6000)), min_size=1, max_size=160))
+def test_a_compiled_step_is_the_cost_models_step(name, rows):
+    # any shape the general engine launches: decode rows, prompt chunks after a cached or
+    # computed prefix, padding rows; past ROWS_IN_PYTHON rows the model takes numpy
+    new = np.array([n for n, _ in rows], dtype=np.int64)
+    ctx = np.array([n + c for n, c in rows], dtype=np.int64)
+    shape = BatchShape(new, ctx, int(new[-1]) if len(rows) > 1 else 0)
+    want, got = COSTS[name].step(shape), SERIES[name].step(shape)
+    assert (got.seconds, got.flops, got.bytes, got.bound) == (
+        want.seconds, want.flops, want.bytes, want.bound)
+
+
+def test_a_step_of_other_integer_columns_is_left_to_the_cost_model():
+    cost = COSTS["llama-3-8b/h100 tp1"]
+    shape = BatchShape(np.array([7, 1], dtype=np.int32), np.array([7, 40], dtype=np.int32))
+    assert SERIES["llama-3-8b/h100 tp1"].step(shape) == cost.step(shape)  # its breakdown too
 
 
 def test_a_stretch_with_prefill_rows_is_left_to_step_series():

@@ -21,7 +21,6 @@ from typing import overload
 import numpy as np
 
 from sim.core.fields import is_integer, not_one_of
-from sim.core.rules import Tokens
 from sim.core.types import BatchShape, StepCost
 from sim.cost.aggregate import AggregateSteps
 from sim.cost.base import ShapeCost, StepSeries
@@ -51,6 +50,8 @@ from sim.cost.roofline_terms import (
     assemble_step,
     attention_ops,
     attention_seconds,
+    batch_reductions,
+    causal_pairs,
     decode_tail_s,
     decode_unit_s,
     dense_gemms,
@@ -65,12 +66,6 @@ _ACT_BYTES = 2.0  # activations stay bf16/fp16 whatever the weight format
 #: (``RooflineCost._attention_rows``): a dozen numpy calls cost more than a loop over so few
 #: rows. Both forms give the same floats, so the threshold changes speed only.
 ROWS_IN_PYTHON = 128
-
-
-def causal_pairs(new: Tokens, ctx: Tokens) -> Tokens:
-    """Causal (query, key) pairs of a row of ``new`` tokens attending ``ctx`` keys, its new
-    ones included: query ``i`` sees ``ctx - new + i`` keys (elementwise on arrays)."""
-    return new * ctx - (new * new - new) // 2
 
 
 @dataclass(frozen=True)
@@ -352,28 +347,15 @@ class RooflineCost(AggregateSteps, ShapeCost):
     def _attention_rows(self, new: list[int], ctx: list[int], tokens: int
                         ) -> tuple[int, float, float, float, float, float, float, float, float]:
         """``_attention`` over Python lists of a small batch without a sliding window: the
-        same reductions (integer sums, the extreme rows, the prefill rows in row order), so
-        the same operators to the last bit, without a dozen numpy calls on a few rows."""
+        same reductions (``roofline_terms.batch_reductions``, which compiled steps are costed
+        from too), so the same operators to the last bit, without a dozen numpy calls on a
+        few rows."""
         terms, rows = self._terms, len(new)
-        kv_all = sum(ctx)
-        worst = peak_eff = 0.0
-        if tokens == rows:  # pure decode
-            n_dec, kv_dec, pairs_all = rows, kv_all, kv_all
-        else:
-            chunks = [(n, c) for n, c in zip(new, ctx, strict=True) if n != 1]
-            n_dec = rows - len(chunks)
-            pairs_pf = [causal_pairs(n, c) for n, c in chunks]
-            kv_dec = kv_all - sum(c for _, c in chunks)
-            pairs_all = kv_dec + sum(pairs_pf)  # a decode row's pairs are its context
-            peak_eff = prefill_peak_eff(terms, tokens - n_dec, rows - n_dec)
-            first_unit = True
-            for (n, c), pr in zip(chunks, pairs_pf, strict=True):
-                u = prefill_unit_s(terms, n, pr, c, peak_eff)
-                if first_unit or u > worst:
-                    worst, first_unit = u, False
-        c_min = float(min(ctx)) if terms[A_USES_MIN] else 0.0
+        n_dec, kv_dec, pairs_all, kv_all, c_lo, c_hi, worst, peak_eff = batch_reductions(
+            terms, new, ctx, rows, tokens)
+        c_min = float(c_lo) if terms[A_USES_MIN] else 0.0
         return attention_ops(terms, rows, tokens, n_dec, kv_dec, pairs_all, kv_all, c_min,
-                             float(max(ctx)), worst, peak_eff)
+                             float(c_hi), worst, peak_eff)
 
     def step(self, shape: BatchShape) -> StepCost:
         """Cost of one forward pass over ``shape`` on all ``tp`` GPUs (time is per GPU, in

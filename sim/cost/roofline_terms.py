@@ -18,6 +18,7 @@ float64 array in compiled code.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 #: Query rows per prefill attention tile (FlashAttention's block size for head_dim 128).
 PREFILL_TILE_TOKENS = 128.0
@@ -117,6 +118,41 @@ def prefill_unit_s(a: Sequence[float], n: int, pairs: int, kv: int, peak_eff: fl
     tc = (fpp * pairs + fpp * a[A_PAD_TOKENS] * n) / peak_eff
     tm = (a[A_KVT] * (kv + n + a[A_ROW_TOK]) + a[A_Q_BYTES] * n) / a[A_ATT_BW]
     return (tc if tc >= tm else tm) / (a[A_HQ] * (1.0 + n / PREFILL_TILE_TOKENS))
+
+
+def causal_pairs(new: Any, ctx: Any) -> Any:
+    """Causal (query, key) pairs of a row of ``new`` tokens attending ``ctx`` keys, its new
+    ones included: query ``i`` sees ``ctx - new + i`` keys (elementwise on arrays)."""
+    return new * ctx - (new * new - new) // 2
+
+
+def batch_reductions(a: Sequence[float], new: Sequence[int], ctx: Sequence[int], rows: int,
+                     tokens: int) -> tuple[int, int, int, int, int, int, float, float]:
+    """What ``attention_ops`` reads of a batch without a sliding window, from its ``rows``
+    rows of ``new`` tokens attending ``ctx`` keys each (lists, or arrays in compiled code;
+    ``tokens`` their sum): ``(n_dec, kv_dec, pairs_all, kv_all, c_lo, c_hi, worst_pf,
+    peak_eff)``, ``c_lo``/``c_hi`` the shortest and longest context, ``worst_pf`` the slowest
+    prefill unit (the first in row order on ties; 0.0 with ``peak_eff`` for a pure decode).
+    Integer sums, so exact in any order."""
+    kv_all = sum(ctx)
+    c_lo, c_hi = min(ctx), max(ctx)
+    if tokens == rows:  # pure decode: one token a row, whose pairs are its context
+        return rows, kv_all, kv_all, kv_all, c_lo, c_hi, 0.0, 0.0
+    chunks = [k for k in range(rows) if new[k] != 1]
+    n_dec = rows - len(chunks)
+    kv_pf = pairs_pf = 0
+    for k in chunks:
+        kv_pf += ctx[k]
+        pairs_pf += causal_pairs(new[k], ctx[k])
+    kv_dec = kv_all - kv_pf
+    peak_eff = prefill_peak_eff(a, tokens - n_dec, rows - n_dec)
+    worst = 0.0
+    first = True
+    for k in chunks:
+        u = prefill_unit_s(a, new[k], causal_pairs(new[k], ctx[k]), ctx[k], peak_eff)
+        if first or u > worst:
+            worst, first = u, False
+    return n_dec, kv_dec, kv_dec + pairs_pf, kv_all, c_lo, c_hi, worst, peak_eff
 
 
 def attention_ops(a: Sequence[float], rows: int, tokens: int, n_dec: int, kv_dec: int,

@@ -121,7 +121,7 @@ def commit_batch_run(rep: Replica, plan: Plan, series: StepSeries, ends: np.ndar
         if slab:
             pool.grow(seq, seq.num_computed)
         settle(seq, end_s[j - 1])
-    pool.peak_used = peak  # growth was taken row by row: the peak is the steps' own
+    pool.peak_used = peak  # growth was taken at once: the peak is the steps' own
     pad = len(plan.padding) + n - alive
     rep.log.extend(rep.index, starts, seconds, alive, alive, pad, pad, take_arrivals(rep, starts),
                    used, series, alive, kv_live_tokens=live, kv_cached_blocks=0)

@@ -30,14 +30,14 @@ def _cached(dispatcher: object) -> bool:
 def loop_is_cached(routed: bool = False, planned: bool = False, series: bool = False) -> bool:
     """True when numba's cache holds the compiled loop (and, for a routed run, the routing
     loop, ``compiled_route``; for a Python policy's plans, ``compiled_loop.apply_plan``; for
-    the general engine's skipped stretches, ``compiled_skip.decode_series``) for the current
-    sources; False when the next run would compile. Reading the index takes about a
-    millisecond (asked only of runs of 1,000 requests or more).
+    the general engine's skipped stretches and steps, ``compiled_skip.decode_series`` and
+    ``shape_step``) for the current sources; False when the next run would compile. Reading
+    the index takes about a millisecond (asked only of runs of 1,000 requests or more).
     """
     if series:
         from sim.engine import compiled_skip  # imports numba
 
-        return _cached(compiled_skip.decode_series)
+        return _cached(compiled_skip.decode_series) and _cached(compiled_skip.shape_step)
     from sim.engine import compiled_loop  # imports numba
 
     if not _cached(compiled_loop.apply_plan if planned else compiled_loop.run):

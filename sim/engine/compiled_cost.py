@@ -66,6 +66,9 @@ decode_tail_s = jit_rule(roofline_terms.decode_tail_s, decode_unit_s=decode_unit
 prefill_peak_eff = jit_rule(roofline_terms.prefill_peak_eff)
 prefill_unit_s = jit_rule(roofline_terms.prefill_unit_s)
 attention_ops = jit_rule(roofline_terms.attention_ops, decode_tail_s=decode_tail_s)
+causal_pairs = jit_rule(roofline_terms.causal_pairs, inline=True)
+batch_reductions = jit_rule(roofline_terms.batch_reductions, causal_pairs=causal_pairs,
+                            prefill_peak_eff=prefill_peak_eff, prefill_unit_s=prefill_unit_s)
 overhead_s = jit_rule(roofline_terms.overhead_s)
 gemm_op = jit_rule(roofline_terms.gemm_op)
 allreduce_s = jit_rule(roofline_terms.allreduce_s)
@@ -157,7 +160,7 @@ def cost_inputs(cost: Any, kind: int) -> tuple[int, np.ndarray, np.ndarray, np.n
 
 
 __all__ = ["BOUND_NAMES", "CONSTANT", "LINEAR", "ROOFLINE", "admits", "analytic_step",
-           "blocks_for", "blocks_needed", "cost_inputs", "decode_roofline_step",
-           "decode_step_cost", "max_fitting_tokens", "outranks",
+           "batch_reductions", "blocks_for", "blocks_needed", "cost_inputs",
+           "decode_roofline_step", "decode_step_cost", "max_fitting_tokens", "outranks",
            "prefill_peak_eff", "prefill_unit_s", "roofline_step", "step_cost",
            "watermark_blocks"]

@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "ddd4daceafbc41be8b5761e11d77beac211b8dc72627a1fffbd0ade5c1d3503f"
+LOOP_SHA256 = "f4040d0e57cbd8a1005dff72cb880ceaeebd40675e6920cd311f2256b7ee5521"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

@@ -126,7 +126,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "95f5e19554347e7a36146ac4c9e8723a8c0e7784c02db49028b0387807cf20ae"
+RULES_SHA256 = "deea7d1ce70eccde27b4fea0a54a0d44944df216921f8d0087918076eb26eb0e"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",

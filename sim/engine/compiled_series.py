@@ -12,7 +12,9 @@ that step, as the numpy series' are (``tests/test_compiled_series.py`` checks bo
 ``step``). ``simulate`` takes it for runs large enough to repay loading numba
 (``sim.engine.simulate.SERIES_MIN_REQUESTS``); what it does not cover (a prefill row, a cost
 model the interpreter does not cost itself, a stretch of one or two steps) goes to
-``step_series``.
+``step_series``. ``CompiledSeries.step`` costs the steps that are not skipped (a batch's
+prefill, padded rows and all) likewise: ``compiled_skip.shape_step``, from the batch's
+reductions as the roofline's ``step`` takes them (``roofline_terms.batch_reductions``).
 """
 from __future__ import annotations
 
@@ -20,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from sim.core.types import BatchShape
+from sim.core.types import BatchShape, StepCost
 from sim.cost.base import StepSeries, step_series
 from sim.engine.compiled_cache import direct
 from sim.engine.compiled_cost import BOUND_NAMES, cost_inputs
-from sim.engine.compiled_skip import decode_series
+from sim.engine.compiled_skip import decode_series, shape_step
 from sim.engine.coverage import cost_kind
 
 #: Shortest stretch costed in compiled code (``step_series`` itself steps shorter ones).
@@ -42,6 +44,7 @@ class CompiledSeries:
         self.cost = cost
         self._inputs = cost_inputs(cost, kind)
         self._call: Any = None  # ``decode_series`` without numba's type dispatch, once known
+        self._step_call: Any = None  # ``shape_step`` likewise
 
     def __call__(self, shape: BatchShape, num_steps: int) -> StepSeries:
         """The costs of ``num_steps`` decode steps from ``shape`` on, each row one token
@@ -65,3 +68,19 @@ class CompiledSeries:
         else:
             bound = tuple(BOUND_NAMES[b] for b in bounds.tolist())
         return StepSeries(seconds, flops, nbytes, bound)
+
+    def step(self, shape: BatchShape) -> StepCost:
+        """``cost.step(shape)``'s seconds, flops, bytes and bound in one compiled call (no
+        per-operator breakdown: the engine reads none); a shape whose columns are not
+        contiguous int64 arrays goes to ``cost.step``."""
+        new, ctx = shape.new_tokens, shape.context_lens
+        if (not len(new) or new.dtype != np.int64 or ctx.dtype != np.int64
+                or not (new.flags.c_contiguous and ctx.flags.c_contiguous)):
+            return self.cost.step(shape)
+        args = (*self._inputs, new, ctx)
+        if self._step_call is None:
+            seconds, flops, nbytes, bound = shape_step(*args)
+            self._step_call = direct(shape_step, args)
+        else:
+            seconds, flops, nbytes, bound = self._step_call(*args)
+        return StepCost(seconds, flops, nbytes, BOUND_NAMES[bound])

@@ -5,7 +5,7 @@ The general engine skips a steady decode plan's repeats in one event
 (``sim.engine.compiled_loop``): every step of the stretch is costed and logged as stepping
 would, in O(1), and the requests' counters advance once at its end. ``decode_series`` costs
 such a stretch for the general engine (``sim.engine.compiled_series``), step by step by the
-same rule.
+same rule, and ``shape_step`` one step of any shape (a padded prefill, say).
 """
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from numba import njit
 from sim.engine.compiled_cost import (
     KERNEL,
     ROOFLINE,
+    batch_reductions,
     blocks_for,
     decode_roofline_step,
     decode_step_cost,
     dense_constants,
+    step_cost,
 )
 from sim.engine.compiled_plan import (
     RF_ARRIVAL,
@@ -64,7 +66,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the rules these
 # functions compile in are pinned here (tests/test_scheduling.py recomputes it), so a change
 # to one of them invalidates them too, whether they are called from the loop or from Python.
-SKIP_SHA256 = "a76cde351e859da68c353cb766c9ec592cd01309bf3c0d80ca75c746889f820e"
+SKIP_SHA256 = "404203d4598a71f753bc6402c68ac420e06734bee255e44dac1e8b1f8b32544d"
 SKIP_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_slots.py")
@@ -176,3 +178,22 @@ def decode_series(kind, analytic, terms, dense, layers, tp, rows, kv0, c_lo, c_h
         secs, f, b, bound = decode_step_cost(kind, analytic, terms, dense, layers, tp, rows,
                                              kv0 + rows * j, c_lo + j, c_hi + j)
         seconds[j], flops[j], nbytes[j], bounds[j] = secs, f, b, bound
+
+
+@njit(**KERNEL)
+def shape_step(kind, analytic, terms, dense, layers, tp, new, ctx):  # noqa: ANN001, ANN201
+    """``(seconds, flops, bytes, bound code)`` of one step of any shape: ``new`` tokens a row
+    at contexts ``ctx`` (padding rows included, as ``BatchShape`` has them), from the batch's
+    reductions (``roofline_terms.batch_reductions``, as the roofline's ``step`` takes them)
+    and ``step_cost``: the general engine's steps that are not skipped, for large runs."""
+    rows = len(new)
+    tokens = 0
+    for k in range(rows):
+        tokens += new[k]
+    if kind != ROOFLINE:
+        return step_cost(kind, analytic, terms, dense, layers, tp, rows, tokens, 0, 0, 0, 0, 0,
+                         0, 0.0, 0.0)
+    n_dec, kv_dec, pairs_all, kv_all, c_lo, c_hi, worst, peak_eff = batch_reductions(
+        terms, new, ctx, rows, tokens)
+    return step_cost(kind, analytic, terms, dense, layers, tp, rows, tokens, n_dec, kv_dec,
+                     pairs_all, kv_all, c_lo, c_hi, worst, peak_eff)

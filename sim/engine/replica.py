@@ -173,7 +173,7 @@ class Replica(ReplicaSteps):
                 assert self.flight is not None
                 return self.flight.end_s
         shape, num_prefill, num_decode, recomputed = self._launch(plan, now, needs)
-        step = self.cost.step(shape)
+        step = self.step_cost(shape)
         # host transfers since the last step (a preemption-only plan's swap-outs included)
         swap_s, swap_bytes = self._swap_s, self._swap_bytes
         self._swap_s = self._swap_bytes = 0.0

@@ -19,7 +19,7 @@ import numpy as np
 from policies.registry import Policy
 from sim.core.rules import blocks_for, blocks_needed
 from sim.core.state import Seq
-from sim.core.types import BatchShape, Plan, Request, SeqView
+from sim.core.types import BatchShape, Plan, Request, SeqView, StepCost
 from sim.cost.base import CostModel, StepSeries, step_series
 from sim.engine.drive import ReplicaEvent, emit_first_tokens
 from sim.kv.cache import BlockPool
@@ -62,6 +62,9 @@ class ReplicaSteps:
         #: compiled code: ``sim.engine.compiled_series``, which ``simulate`` gives large runs).
         self.series: Callable[[BatchShape, int], StepSeries] = (
             partial(step_series, cost) if series is None else series)
+        #: Costs a step that is not skipped: ``cost.step``, or the same numbers in compiled
+        #: code when ``series`` is a ``CompiledSeries`` (its ``step``).
+        self.step_cost: Callable[[BatchShape], StepCost] = getattr(series, "step", cost.step)
         self.pool = BlockPool(kv)
         self.log = log
         self.seqs = seqs
