@@ -19,13 +19,9 @@ from numba import njit
 
 from sim.engine.compiled_cost import (
     KERNEL,
-    ROOFLINE,
     blocks_fit,
     blocks_for,
     blocks_needed,
-    prefill_peak_eff,
-    prefill_unit_s,
-    step_cost,
     tokens_allowed,
     uncomputed_tokens,
     within_limit,
@@ -57,7 +53,7 @@ from sim.engine.compiled_plan import (
     plan_whole,
 )
 from sim.engine.compiled_queue import order_key, push
-from sim.engine.compiled_skip import steady_stretch
+from sim.engine.compiled_skip import shape_step, steady_stretch
 from sim.engine.compiled_slots import (
     BY_POLICY,
     DONE,
@@ -261,9 +257,8 @@ def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, params_i, 
     n_log, n_irr = st_i[S_N_LOG], st_i[S_N_IRR]
     now = st_f[SF_NOW]
     used = st_i[S_USED]
-    num_prefill = num_decode = recomputed = 0
-    tokens = n_dec = kv_dec = pairs_all = kv_all = 0
-    c_lo = c_hi = 0
+    num_prefill = num_decode = recomputed = tokens = 0
+    ctx = np.empty(n_plan, dtype=np.int64)  # each row's context after the step (its cost)
     admitted = False
     brought = 0  # computed tokens the admitted requests bring (their KV was sent here)
     for k in range(n_plan):
@@ -278,6 +273,8 @@ def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, params_i, 
             n_run += 1
         c = req_i[i, RI_COMPUTED]
         target = c + n
+        ctx[k] = target
+        tokens += n
         if req_i[i, RI_MAX_HELD] > c:
             recomputed += min(target, req_i[i, RI_MAX_HELD]) - c
         need = blocks_needed(target, 0, req_i[i, RI_BLOCKS], bs)
@@ -288,33 +285,9 @@ def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, params_i, 
             num_decode += 1
         else:
             num_prefill += n
-        # the batch's reductions (``RooflineCost._attention``)
-        tokens += n
-        if n == 1:
-            n_dec += 1
-            kv_dec += target
-        pairs_all += n * target - (n * n - n) // 2
-        kv_all += target
-        if k == 0 or target < c_lo:
-            c_lo = target
-        if k == 0 or target > c_hi:
-            c_hi = target
     st_i[S_USED] = used
-    worst = peak_eff = 0.0
-    if kind == ROOFLINE and tokens != n_plan:  # the slowest prefill unit
-        peak_eff = prefill_peak_eff(terms, tokens - n_dec, n_plan - n_dec)
-        first = True
-        for k in range(n_plan):
-            n = plan_n[k]
-            if n != 1:
-                target = req_i[plan_idx[k], RI_COMPUTED] + n
-                u = prefill_unit_s(terms, n, n * target - (n * n - n) // 2, target,
-                                   peak_eff)
-                if first or u > worst:
-                    worst, first = u, False
-    secs, flops, nbytes, bound = step_cost(
-        kind, analytic, terms, dense, layers, tp, n_plan, tokens, n_dec,
-        kv_dec, pairs_all, kv_all, c_lo, c_hi, worst, peak_eff)
+    secs, flops, nbytes, bound = shape_step(kind, analytic, terms, dense, layers, tp,
+                                            plan_n[:n_plan], ctx)
     end = now + secs
     # -- ``_commit``: computed tokens catch up, tokens sampled; then ``settle``: finished
     # requests leave, a context that outgrew the cache too (what the step held and the
