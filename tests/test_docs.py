@@ -4,6 +4,7 @@
 - every relative link in README.md and docs/*.md points to a file (and heading) that exists;
 - every source path (`sim/...`, `policies/...`) and `tests/test_*.py` file the docs name exists;
 - the README stays a front door (at most 220 lines);
+- `.ci/run` runs exactly the README's test command, which lints, type-checks and tests;
 - nothing cites a design document that is not part of the repository.
 """
 from __future__ import annotations
@@ -93,6 +94,24 @@ def test_named_source_files_exist():
 def test_readme_is_a_front_door():
     lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 220, f"README.md has {lines} lines; move detail into docs/ (limit 220)"
+
+
+def _readme_test_command() -> str:
+    """The command in the fenced block that follows the README's "Run the tests" line."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    after = text[text.index("Run the tests"):]
+    block = re.search(r"```bash\n(.*?)\n```", after, re.S)
+    assert block, "README.md: no bash block after 'Run the tests'"
+    return block.group(1).strip()
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    command = _readme_test_command()
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert command in (line.strip() for line in ci), (
+        f".ci/run does not run the README's test command {command!r}")
+    for step in ("ruff check", "mypy", "pytest"):
+        assert f"python -m {step}" in command, f"the test command does not run {step}"
 
 
 def test_no_reference_to_a_design_document():
