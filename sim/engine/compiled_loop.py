@@ -243,14 +243,14 @@ def _keep_running(req_i: np.ndarray, running: np.ndarray, n_run: int) -> int:
 
 
 @njit(**KERNEL)
-def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, params_i, analytic,  # noqa: ANN001, ANN201, C901
-              terms, dense, log_i, log_f, log_b, irr, irr_count, st_i, st_f):
+def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, ctx, params_i,  # noqa: ANN001, ANN201, C901
+              analytic, terms, dense, log_i, log_f, log_b, irr, irr_count, st_i, st_f):
     """Carry out the plan of ``n_plan`` rows in ``plan_idx``/``plan_n`` at the clock, its
-    preemptions done: ``_launch`` (admit, grow the KV, the batch's reductions), the step's
-    cost, ``_commit`` and ``settle``, and ``StepLog.record`` (the queue it logs is
-    ``S_N_HEAP`` + ``S_N_PENDING``, as the plan left them); the clock moves to the step's
-    end. Returns the running count, and whether the step admitted a request, saw one leave
-    and computed prefill tokens."""
+    preemptions done: ``_launch`` (admit, grow the KV, each row's context after the step into
+    the scratch ``ctx``), the step's cost (``shape_step``), ``_commit`` and ``settle``, and
+    ``StepLog.record`` (the queue it logs is ``S_N_HEAP`` + ``S_N_PENDING``, as the plan left
+    them); the clock moves to the step's end. Returns the running count, and whether the
+    step admitted a request, saw one leave and computed prefill tokens."""
     bs, num_blocks, capacity = params_i[P_BS], params_i[P_NUM_BLOCKS], params_i[P_CAPACITY]
     kind, layers, tp = params_i[P_COST], params_i[P_LAYERS], params_i[P_TP]
     hold = params_i[P_HOLD] != 0  # finished requests keep their KV (``settled``)
@@ -258,7 +258,6 @@ def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, params_i, 
     now = st_f[SF_NOW]
     used = st_i[S_USED]
     num_prefill = num_decode = recomputed = tokens = 0
-    ctx = np.empty(n_plan, dtype=np.int64)  # each row's context after the step (its cost)
     admitted = False
     brought = 0  # computed tokens the admitted requests bring (their KV was sent here)
     for k in range(n_plan):
@@ -287,7 +286,7 @@ def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, params_i, 
             num_prefill += n
     st_i[S_USED] = used
     secs, flops, nbytes, bound = shape_step(kind, analytic, terms, dense, layers, tp,
-                                            plan_n[:n_plan], ctx)
+                                            plan_n[:n_plan], ctx[:n_plan])
     end = now + secs
     # -- ``_commit``: computed tokens catch up, tokens sampled; then ``settle``: finished
     # requests leave, a context that outgrew the cache too (what the step held and the
@@ -372,6 +371,7 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
     has_horizon, horizon = params_i[P_HAS_HORIZON] != 0, params_f[PF_HORIZON]
     hold = params_i[P_HOLD] != 0  # finished requests keep their KV (``settled``)
     headroom = plan_idx.shape[0] + 1  # irregular rows one step can write, at most
+    ctx = np.empty(plan_idx.shape[0], dtype=np.int64)  # carry_out's scratch, once a call
     steps = 0
     while True:
         n_log, n_irr = st_i[S_N_LOG], st_i[S_N_IRR]
@@ -442,8 +442,8 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
         if n_pre:
             n_run = _keep_running(req_i, running, n_run)
         n_run, admitted, left, num_prefill = carry_out(
-            req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, params_i, analytic, terms,
-            dense, log_i, log_f, log_b, irr, irr_count, st_i, st_f)
+            req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, ctx, params_i, analytic,
+            terms, dense, log_i, log_f, log_b, irr, irr_count, st_i, st_f)
         steps += 1
         # (a holding replica serves one-token requests, the prefill side: it never decodes)
         if (n_pre == 0 and not admitted and not left and num_prefill == 0 and not hold
@@ -556,8 +556,9 @@ def apply_plan(s, run, id_base, id_step, pre_rows, rej_rows, max_seqs, max_token
         view_columns(req_i, req_f, s.running, n_run, s.out)
         return IDLE, 0, n_run, st_i[S_USED], now
     n_run, joined, left, num_prefill = carry_out(
-        req_i, req_f, s.running, n_run, plan_idx, plan_n, n_plan, params_i, s.analytic,
-        s.terms, s.dense, s.log_i, s.log_f, s.log_b, s.irr, s.irr_count, st_i, s.st_f)
+        req_i, req_f, s.running, n_run, plan_idx, plan_n, n_plan,
+        np.empty(n_plan, dtype=np.int64), params_i, s.analytic, s.terms, s.dense, s.log_i,
+        s.log_f, s.log_b, s.irr, s.irr_count, st_i, s.st_f)
     if (steady and n_pre == 0 and not joined and not left and num_prefill == 0
             and params_i[P_HOLD] == 0 and st_i[S_N_LOG] < s.log_i.shape[0]):
         steady_stretch(req_i, req_f, plan_idx, n_plan, s.residues, params_i, s.params_f,
