@@ -8,6 +8,7 @@ step tables (runs under 20k requests), so two checkouts can be timed in turn and
 
     python benchmarks/general_engine.py chunked_prefill 10000
     python benchmarks/general_engine.py custom 10000 --repo /tmp/main   # another checkout
+    python benchmarks/general_engine.py static 40000 --rate 6           # overloaded
 
 ``custom`` is a policy written as a user would: decodes first, then waiting prompts in FCFS
 chunks while the budget, the slots and the free blocks allow; it never says ``steady``, so the
@@ -65,6 +66,9 @@ def main() -> None:
     ap.add_argument("--repo", default=str(Path(__file__).resolve().parent.parent),
                     help="checkout to import sim and policies from (default: this one)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rate", type=float, default=None,
+                    help="requests per second (default: about 80%% of the policy's saturation; "
+                         "more to time an overloaded run, whose queue grows)")
     args = ap.parse_args()
     sys.path.insert(0, args.repo)
     import numpy as np
@@ -77,7 +81,8 @@ def main() -> None:
                 "static": {"name": "static", "batch_size": 32, "timeout_s": 0.5},
                 "dynamic": {"name": "dynamic", "max_batch_size": 32, "max_wait_s": 0.1}}
     policy = policies.get(args.policy) or custom_policy()
-    spec = {"arrival": {"process": "poisson", "rate": RATES[args.policy]},
+    rate = RATES[args.policy] if args.rate is None else args.rate
+    spec = {"arrival": {"process": "poisson", "rate": rate},
             "num_requests": args.size, "lengths": {"dist": "empirical", "trace": "azure-conv"}}
     arrays = build_workload_arrays(spec, np.random.default_rng(args.seed))
     cost = sim.build_cost_model(model="llama-3-8b", hardware="h100-sxm", tp=1, engine="vllm")
@@ -94,8 +99,8 @@ def main() -> None:
     engine += "/" + getattr(res, "step_engine", "python")
     if getattr(res, "step_engine_reason", ""):
         print("steps:", res.step_engine_reason)
-    print(f"{args.policy} n={args.size} sim={Path(sim.__file__).parent} engine={engine} "
-          f"cpu_s={cpu:.2f} wall_s={wall:.2f} steps={res.summary['num_steps']} "
+    print(f"{args.policy} n={args.size} rate={rate:g} sim={Path(sim.__file__).parent} "
+          f"engine={engine} cpu_s={cpu:.2f} wall_s={wall:.2f} steps={res.summary['num_steps']} "
           f"peak_rss_mb={rss_mb:.0f} tables={digest}")
 
 

@@ -40,18 +40,21 @@ def pick_batch(queue: Sequence[SeqView], now_s: float, size: int, wait_s: float 
     fill it). The first ready group goes, cut to ``size``; otherwise the earliest timeout is
     returned as the time to look again (``None``: at the next arrival).
     """
-    groups: dict[Hashable, list[SeqView]] = {}
+    groups: dict[Hashable, Sequence[SeqView]] = {}
     if key is None:  # one group: the queue itself
         if queue:
-            groups[None] = list(queue)
+            groups[None] = queue
     else:
         for seq in queue:
-            groups.setdefault(key(seq), []).append(seq)
+            groups.setdefault(key(seq), []).append(seq)  # type: ignore[attr-defined]
     wake: float | None = None
     for group in groups.values():
+        if len(group) >= size or not more_arrivals:
+            return list(group[:size]), None
+        # only a group short of ``size`` is timed: one of fewer than ``size`` requests
         due = None if wait_s is None else min(map(_ARRIVAL, group)) + wait_s
-        if len(group) >= size or not more_arrivals or (due is not None and now_s >= due):
-            return group[:size], None
+        if due is not None and now_s >= due:
+            return list(group), None
         if due is not None and (wake is None or due < wake):
             wake = due
     return [], wake
@@ -84,15 +87,19 @@ class RunToCompletion:
 
     def __init__(self) -> None:
         self.context: dict[int, int] = {}
+        #: Members this batch's plans preempted that have not run since: the only members
+        #: that can be in the queue (rejected ones stay here until the batch ends).
+        self.preempted: set[int] = set()
 
     def schedule(self, view: View, ordering: str, size: int, wait_s: float | None,
                  key: Callable[[SeqView], Hashable] | None = None) -> Plan:
         """Continue the batch in flight, or dispatch a new one when ``pick_batch`` says so."""
-        queue = order_queue(view.waiting, ordering)
-        rejoin = [s for s in queue if s.id in self.context]
+        rejoin = self._rejoining(view, ordering)
         if view.running or rejoin:
             return self._continue(view, rejoin)
         self.context.clear()  # the previous batch is done: every member finished
+        self.preempted.clear()
+        queue = order_queue(view.waiting, ordering)
         batch, wake = pick_batch(queue, view.now_s, size, wait_s, view.more_arrivals, key)
         members = fitting_prefix(batch, view.kv, view.kv.free_blocks)
         if not members:
@@ -100,6 +107,18 @@ class RunToCompletion:
         for s in members:
             self.context[s.id] = s.num_computed_tokens + s.num_uncomputed
         return padded_prefill(members)
+
+    def _rejoining(self, view: View, ordering: str) -> list[SeqView]:
+        """The members waiting to rejoin the batch, in queue order under ``ordering``: those
+        of ``view.waiting`` among the members preempted (a stable sort of them is the order
+        they have in the sorted queue), found without a pass over a long queue when none is."""
+        if not self.preempted:
+            return []
+        self.preempted.difference_update(s.id for s in view.running)
+        if not self.preempted:
+            return []
+        members = self.preempted
+        return order_queue([s for s in view.waiting if s.id in members], ordering)
 
     def _continue(self, view: View, rejoin: list[SeqView]) -> Plan:
         running, kv, ctx = view.running, view.kv, self.context
@@ -123,6 +142,7 @@ class RunToCompletion:
         preempt = grow_running(running, kv, budget)
         if not budget.run:
             return Plan()
+        self.preempted.update(preempt)
         for s in running:
             if s.id in budget.run:
                 ctx[s.id] += budget.run[s.id]

@@ -71,3 +71,32 @@ def test_step_log_typed_columns_match_list_table() -> None:
         "swapped_bytes": [8.0, 0.0, 0.0]}, columns=list(STEP_COLUMNS))
     pd.testing.assert_frame_equal(table, expected, check_exact=True)
     assert list(StepLog().table().columns) == list(STEP_COLUMNS)
+
+
+@pytest.mark.parametrize("policy", [{"name": "static", "batch_size": 8},
+                                    {"name": "dynamic", "max_batch_size": 8, "max_wait_s": 0.0}])
+def test_a_long_queue_is_shown_without_building_its_views_again(monkeypatch, policy) -> None:
+    """2,000 requests arrive at once: the queue changes at every one of the 250 batches, and
+    a changed queue's tuple is copied from the views kept as requests join (each request's
+    view is built when it joins, and again while it runs), not built request by request for
+    the whole queue each time, which made an overloaded run quadratic in its queue."""
+    from sim.core import state
+    from sim.engine import replica
+
+    calls = [0]
+    view = state.Seq.view
+
+    def counted(self):  # noqa: ANN001, ANN202
+        calls[0] += 1
+        return view(self)
+
+    monkeypatch.setattr(state.Seq, "view", counted)
+    monkeypatch.setattr(replica, "_SEQ_VIEW", counted)
+    n = 2000
+    reqs = [sim.Request(id=i, arrival_s=0.0, num_prompt_tokens=50 + i % 7,
+                        num_output_tokens=5 + i % 11) for i in range(n)]
+    res = sim.simulate(reqs, policy=policy, cost=sim.ConstantCost(0.01), kv=None)
+    assert res.summary["completed"] == n
+    # every batch of 8 is a prefill plan and a decode plan over its 8 rows (a few views a
+    # request), against about n * n / 16 = 250,000 when the whole queue was built each batch
+    assert calls[0] <= 10 * n

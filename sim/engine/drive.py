@@ -153,11 +153,11 @@ def drop_landed_kv(rep: Replica, request_id: int, now: float) -> None:
     """At ``now``, preempt a request that landed with its KV but was never admitted
     (``land_kv``): it gives its blocks back and recomputes its prompt on ``rep`` (recompute
     preemption). An idle ``rep`` plans again at ``now``."""
-    seq = rep.waiting.pop(request_id)
+    seq = rep.waiting[request_id]
+    rep._pop_waiting(request_id)  # noqa: SLF001 - the replica's own queue, changed as it does
     rep.pool.release(seq)
     seq.preempt()
-    rep.preempted[request_id] = seq
-    rep._queue_views = None  # noqa: SLF001 - the replica's own queue cache, reset as it does
+    rep._add_preempted(seq)  # noqa: SLF001
     if rep.flight is None:
         rep.clock = max(rep.clock, now)
         rep.idle = False

@@ -271,8 +271,7 @@ class Replica(ReplicaSteps):
         if reason:
             self._reject(seq, now, reason)
         else:
-            self.waiting[seq.req.id] = seq
-            self._queue_views = None
+            self._add_waiting(seq)
 
     def _never_fits(self, seq: Seq) -> str:
         """Why a request can never be served by this replica's KV cache ('' if it can)."""
@@ -290,15 +289,18 @@ class Replica(ReplicaSteps):
             for s in (*self.preempted.values(), *self.waiting.values()):
                 if (not s.num_computed and (s.req.prefix_id is not None or s.req.hash_ids)
                         and s.offer_hit(pool.hit_blocks(s) * pool.config.block_size)):
-                    self._queue_views = None
+                    self._queued_view_changed(s)
         # The queue's views change only when a request joins or leaves it (or is shown new
-        # cached tokens): kept between steps instead of rebuilt, which made every step
-        # O(queue) in a long queue. Running views change every step.
+        # cached tokens): kept between steps, and a changed queue's tuple copied from the
+        # views kept (``_add_waiting``) rather than built request by request, which made every
+        # step that changed a long queue O(queue) in Python. Running views change every step.
         waiting = self._queue_views
         if waiting is None:
-            waiting = tuple(s.view() for s in reversed(self.preempted.values()))
-            waiting += tuple(s.view() for s in self.waiting.values())
-            self._queue_views = waiting
+            front = self._preempted_views
+            if front is None:
+                front = self._preempted_views = tuple(
+                    map(_SEQ_VIEW, reversed(self.preempted.values())))
+            waiting = self._queue_views = front + tuple(self._waiting_views.values())
         running = tuple(map(_SEQ_VIEW, self.running.values()))
         return View(now, waiting, running, pool.view(), self._more_arrivals())
 

@@ -89,7 +89,13 @@ class ReplicaSteps:
         # Built without a request list, it is driven from outside: more may come until ``close``.
         self.accepting = not requests
         self.advanced_s = 0.0  # the time the replica was advanced to (driven form)
-        self._queue_views: tuple[SeqView, ...] | None = None  # ``View.waiting``, kept
+        # ``View.waiting``, kept between steps: the whole tuple (``None`` once the queue has
+        # changed), the preempted requests' part of it (``None`` once they have changed) and
+        # each waiting request's view in ``waiting``'s order, updated as requests join and
+        # leave, so a changed queue is rebuilt by copying views, not by building each one.
+        self._queue_views: tuple[SeqView, ...] | None = None
+        self._preempted_views: tuple[SeqView, ...] | None = None
+        self._waiting_views: dict[int, SeqView] = {}
         #: ``never_fits`` by (prompt, output) tokens: the cache and max_model_len never change.
         self._never_fits_memo: dict[tuple[int, int], str] = {}
         #: Receives a ``ReplicaEvent`` at each first token, prefill end, finish and rejection.
@@ -105,10 +111,37 @@ class ReplicaSteps:
         self.kv_changes: list[tuple[float, int]] = []
 
     # -- state changes ------------------------------------------------------------------------
+    def _add_waiting(self, seq: Seq) -> None:
+        """``seq`` joins the end of the waiting queue."""
+        sid = seq.req.id
+        self.waiting[sid] = seq
+        self._waiting_views[sid] = seq.view()
+        self._queue_views = None
+
+    def _add_preempted(self, seq: Seq) -> None:
+        """``seq``, just preempted, joins the front of the queue."""
+        self.preempted[seq.req.id] = seq
+        self._preempted_views = self._queue_views = None
+
     def _pop_waiting(self, sid: int) -> Seq:
+        """Take request ``sid`` out of the queue (waiting or preempted)."""
         self._queue_views = None
         seq = self.waiting.pop(sid, None)
-        return seq if seq is not None else self.preempted.pop(sid)
+        if seq is not None:
+            del self._waiting_views[sid]
+            return seq
+        self._preempted_views = None
+        return self.preempted.pop(sid)
+
+    def _queued_view_changed(self, seq: Seq) -> None:
+        """A queued request's view changed (cached prompt tokens shown): the queue's views
+        follow."""
+        sid = seq.req.id
+        if sid in self._waiting_views:
+            self._waiting_views[sid] = seq.view()
+        else:
+            self._preempted_views = None
+        self._queue_views = None
 
     def _reject(self, seq: Seq, now: float, reason: str) -> None:
         self.pool.release(seq)
@@ -135,8 +168,7 @@ class ReplicaSteps:
             seq.swap_out()
         else:
             seq.preempt()
-        self.preempted[seq.req.id] = seq
-        self._queue_views = None
+        self._add_preempted(seq)
 
     def _launch(self, plan: Plan, now: float, needs: Sequence[int] = ()
                 ) -> tuple[BatchShape, int, int, int]:
@@ -283,6 +315,10 @@ class ReplicaSteps:
             if (seq.num_shared or seq.swapped or not seq.num_computed
                     or seq.num_blocks < blocks_for(seq.num_computed, bs)):
                 raise AssertionError(f"waiting request {seq.req.id} holds KV it did not bring")
+        views = self._waiting_views
+        if list(views) != list(self.waiting) or any(
+                views[sid] != seq.view() for sid, seq in self.waiting.items()):
+            raise AssertionError("the waiting requests' views do not follow the queue")
         for seq in running:
             seq.check(self.pool.config.block_size)
             if seq.swapped or seq.hit_tokens:
