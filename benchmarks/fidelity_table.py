@@ -30,6 +30,15 @@ def _row(source: str, gpu: str, tp: str, engine: str, pred: np.ndarray, meas: np
 
 
 COVERAGE: list[str] = []
+#: The table's name of each kernel class (``calibrate``'s names are the file stems).
+SOURCES = {"gemm": "AIConfigurator GEMM", "context_attention": "AIConfigurator prefill attention",
+           "generation_attention": "AIConfigurator decode attention",
+           "allreduce": "AIConfigurator NCCL all-reduce",
+           cal.OPERATOR_CLASS: "Vidur operators (GEMM)"}
+#: The TP degrees each class was measured at: NCCL all-reduce on 2, 4 and 8 GPUs
+#: (``num_gpus`` of nccl.csv.gz), Vidur's operators at TP 1, 2, 4 and 8 (their ``@tpN``
+#: families); the other kernels run on one GPU.
+TP_LABELS = {"allreduce": "2-8", cal.OPERATOR_CLASS: "1-8"}
 
 
 def coverage(gpu: str, points: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
@@ -72,10 +81,10 @@ def kernels() -> None:
         _, rep = cal.calibrate(gpu)
         coverage(gpu, rep.points)
         for cls, (pred, meas, held) in rep.points.items():
-            source = ("Vidur operators (GEMM)" if cls == cal.OPERATOR_CLASS
-                      else f"AIConfigurator {cls}")
-            _row(source, gpu, "1-8" if cls == "allreduce" else "per GPU", "(kernels)",
-                 pred[held], meas[held])
+            _row(SOURCES.get(cls, f"AIConfigurator {cls}"), gpu, TP_LABELS.get(cls, "per GPU"),
+                 "(kernels)", pred[held], meas[held])
+        if gpu == "a100-80gb":  # the table lists A100's never-fitted operators beside its kernels
+            vidur_a100_gemm()
 
 
 def vidur_a100_gemm() -> None:
@@ -97,7 +106,7 @@ def vidur_a100_gemm() -> None:
                          ("mlp_up_proj", 2 * e / tp, d), ("mlp_down_proj", d, e / tp)):
             rows.append((r.num_tokens, n, k, r[f"time_stats.{op}.median"]))
     g = pd.DataFrame(rows, columns=["m", "n", "k", "latency"])
-    _row("Vidur operators (GEMM), not fitted", "a100-80gb", "1-8", "(kernels)",
+    _row("Vidur operators (GEMM), never fitted on", "a100-80gb", "1-8", "(kernels)",
          _predict_gemm(theta, gpu, g) * 1e3, g["latency"].to_numpy(float))
 
 
@@ -109,16 +118,22 @@ def engine() -> None:
         ROWS.append(("Vidur CPU overheads per step", "a100-80gb", e.group[2:], "vllm-v0",
                      str(e.n_heldout), f"{e.heldout_mdape_pct:.1f}", f"{e.heldout_mape_pct:.1f}"))
     _, errs = fit_framework_allreduce()
-    for e in errs:
+    by_gpu: dict[str, list] = {}
+    for e in errs:  # one row per GPU, its GPU counts side by side as the table shows them
         gpu, n = e.group.split(" n=")
-        ROWS.append(("Vidur framework all-reduce", gpu, n, "vllm-v0", str(e.n_heldout),
-                     f"{e.heldout_mdape_pct:.1f}", f"{e.heldout_mape_pct:.1f}"))
+        by_gpu.setdefault(gpu, []).append((n, e))
+    for gpu, parts in by_gpu.items():
+        rows = {str(e.n_heldout) for _, e in parts}
+        ROWS.append(("Vidur framework all-reduce", gpu, " / ".join(n for n, _ in parts),
+                     "vllm-v0", f"{rows.pop()} each" if len(rows) == 1
+                     else " / ".join(str(e.n_heldout) for _, e in parts),
+                     " / ".join(f"{e.heldout_mdape_pct:.1f}" for _, e in parts),
+                     " / ".join(f"{e.heldout_mape_pct:.1f}" for _, e in parts)))
 
 
 def main() -> None:
     """Compute and print every row."""
     kernels()
-    vidur_a100_gemm()
     engine()
     print("| data source | GPU | TP | engine profile | held-out rows | MdAPE % | MAPE % |")
     print("|---|---|---|---|---|---|---|")

@@ -12,6 +12,9 @@ from typing import Any
 
 import pandas as pd
 
+#: ``run_experiment``'s keyword arguments beyond its own, those of ``batchsim run``.
+RUN_OPTIONS = frozenset({"jobs", "executor", "address", "plots", "quiet"})
+
 
 def run_experiment(path: str | Path,
                    overrides: Iterable[str] | Mapping[str, Any] | None = None,
@@ -25,8 +28,13 @@ def run_experiment(path: str | Path,
     sweep). Further keyword arguments (``jobs``, ``executor``, ``address``, ``plots``,
     ``quiet``) are those of ``batchsim run``. Returns the summary table (one row per run).
     """
+    from sim.core.errors import InputError
     from sim.experiments.run import run_experiment as _run
     from sim.report.markdown import write_outputs
 
+    unknown = sorted(set(kwargs) - RUN_OPTIONS)
+    if unknown:
+        raise InputError(f"unknown argument {unknown[0]!r}; accepted: path, overrides, out, "
+                         f"sweeps, {', '.join(sorted(RUN_OPTIONS))}", field=unknown[0])
     return _run(path, overrides=overrides, out=out, report=write_outputs, sweeps=sweeps,
                 **kwargs)

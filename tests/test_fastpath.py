@@ -205,7 +205,7 @@ def test_fast_path_equals_the_general_engine_under_kv_pressure_at_scale(mode):
 def test_a_wall_clock_budget_ends_a_fast_path_run_as_partial():
     reqs = [sim.Request(i, i * 0.01, 100, 5000) for i in range(200)]
     res = sim.simulate(reqs, policy="continuous", cost=sim.ConstantCost(0.01), kv=None,
-                       wall_clock_s=0.0, fast_path="compiled")
+                       wall_clock_s=1e-9, fast_path="compiled")
     assert res.summary["partial"] and res.summary["num_unfinished"] > 0
 
 

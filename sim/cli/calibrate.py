@@ -9,6 +9,7 @@ GPU.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,72 @@ HOLDOUT_NOTE = (
 REPORT_FILES = "report.md, engine.yaml, *.png"
 
 
+#: The options of ``--engine-from`` alone (fitting an engine profile to benchmark results).
+ENGINE_OPTIONS = {"--out": "out", "--model": "model", "--hardware": "hardware", "--tp": "tp",
+                  "--engine": "engine", "--seed": "seed"}
+#: The options of fitting GPU profiles to measured timings, with what each applies to.
+TIMING_OPTIONS = {"--gpu": ("gpu", "kernel tables"), "--data": ("data", "measured timings"),
+                  "--write": ("write", "kernel tables"),
+                  "--report": ("report", "measured timings")}
+
+
+def _given(args: Any, attr: str) -> bool:
+    """Whether the option stored in ``attr`` was given (unset options are ``None``/``False``)."""
+    value = getattr(args, attr, None)
+    return value is not None and value is not False  # not `in (None, False)`: 0 == False
+
+
+def check_options(args: Any) -> None:
+    """Refuse an option the chosen mode would ignore (it ran with exit 0, the option unused):
+    ``--engine-from`` takes only ``ENGINE_OPTIONS``, the other modes none of them, and an
+    iteration CSV (``--data FILE``) no ``--gpu``. One ``CalibrationError`` naming the option."""
+    engine = _given(args, "engine_from")
+    if engine:
+        for flag, (attr, what) in TIMING_OPTIONS.items():
+            if _given(args, attr):
+                raise CalibrationError(
+                    f"applies to fitting GPU profiles to {what} (--data, or the shipped "
+                    "measurements), not with --engine-from, which writes only --out "
+                    "FILE.yaml: drop it", field=flag)
+        return
+    for flag, attr in ENGINE_OPTIONS.items():
+        if _given(args, attr):
+            raise CalibrationError("applies only with --engine-from RESULTS (fitting an engine "
+                                   "profile to benchmark results): give --engine-from too, or "
+                                   "drop it", field=flag)
+    data = getattr(args, "data", None)
+    if data and Path(data).is_file() and _given(args, "gpu"):
+        raise CalibrationError("applies to kernel tables; an iteration CSV (--data FILE) names "
+                               "each row's model and hardware: drop it", field="--gpu")
+
+
+def check_writable(path: Path, flag: str, folder: bool) -> None:
+    """Refuse, before any fitting, an output that can never be written: the folder ``path``
+    (``folder``) or the file ``path``, whose nearest existing ancestor must be a folder this
+    process may write into. Nothing is created: a failed fit leaves no empty folder behind.
+    (``outdir.output_folder``, ``batchsim run``'s check, creates the folder and names
+    ``--out``; here ``--report`` and an engine YAML file are checked.)"""
+    target = Path(os.path.abspath(path))
+    probe = target if folder else target.parent
+    try:
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        usable = probe.is_dir()
+    except OSError as e:  # a name too long, a symlink loop
+        raise CalibrationError(f"{flag} {path}: cannot be written there ({e.strerror or e})"
+                               ) from None
+    if not usable:
+        raise CalibrationError(f"{flag} {path}: cannot be written there ({probe} is not a "
+                               "folder)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise CalibrationError(f"{flag} {path}: cannot be written there ({probe} is not "
+                               "writable: permission denied or a read-only file system)")
+
+
 def main(args: Any) -> int:
-    """Run ``batchsim calibrate`` for parsed ``args`` (``gpu``, ``data``, ``write``, ``report``)."""
+    """Run ``batchsim calibrate`` for parsed ``args`` (``gpu``, ``data``, ``write``, ``report``;
+    ``engine_from`` with ``out``, ``model``, ``hardware``, ``tp``, ``engine``, ``seed``)."""
+    check_options(args)
     report = getattr(args, "report", None)
     if report is not None and Path(report).exists() and not Path(report).is_dir():
         # checked before the fit: it was "File exists", exit 1, once the fit was done
@@ -62,6 +127,8 @@ def main(args: Any) -> int:
                                "a folder of report.md and plots)")
     if report is not None:  # refused before the fit, as --out is: it replaced their report.md
         check_own_folder(Path(report).absolute(), "--report", REPORT_FILES)
+        # an unwritable place failed with exit 1 after the whole fit
+        check_writable(Path(report), "--report", folder=True)
     if getattr(args, "engine_from", None):
         return _engine_main(args)
     data = Path(args.data) if getattr(args, "data", None) else None
@@ -99,6 +166,7 @@ def main(args: Any) -> int:
 
 def _engine_main(args: Any) -> int:
     """The ``--engine-from RESULTS...`` branch: fit an engine profile to benchmark runs."""
+    from sim.cli.validate import DEFAULTS
     from sim.cost.roofline import DEFAULT_ENGINE
     from sim.experiments.bench_results import load_bench_results
     from sim.experiments.results import write_text
@@ -110,16 +178,22 @@ def _engine_main(args: Any) -> int:
     if out.exists():
         raise CalibrationError(f"{out} exists; batchsim never overwrites it (choose another "
                                "--out)")
+    check_writable(out, "--out", folder=False)  # before the fit, not exit 1 after it
+    # the shared options are None when not given (so that other modes can refuse them)
+    given = {k: DEFAULTS[k] if getattr(args, k, None) is None else getattr(args, k)
+             for k in DEFAULTS}
+    model, hardware = str(given["model"]), str(given["hardware"])
+    tp, seed = int(given["tp"]), int(given["seed"])
     runs = [run for path in args.engine_from for run in load_bench_results(path)]
-    profile, rows = fit_engine(runs, args.model, args.hardware, args.tp,
-                               args.engine or DEFAULT_ENGINE, seed=args.seed)
+    profile, rows = fit_engine(runs, model, hardware, tp, args.engine or DEFAULT_ENGINE,
+                               seed=seed)
     for run, row in zip(runs, rows, strict=True):
         print(f"{run.source}: mean TPOT measured {row['measured_mean_tpot_ms']:.3f} ms, "
               f"simulated {row['simulated_mean_tpot_ms']:.3f} ms")
-    keys = ("per_step_s", "per_seq_s") if args.tp == 1 else ("tp_per_step_s", "tp_per_seq_s")
+    keys = ("per_step_s", "per_seq_s") if tp == 1 else ("tp_per_step_s", "tp_per_seq_s")
     print(", ".join(f"{k} = {getattr(profile, k):.6g}" for k in keys))
-    write_text(out, engine_yaml(profile, [str(p) for p in args.engine_from], args.model,
-                                args.hardware, args.tp))
+    write_text(out, engine_yaml(profile, [str(p) for p in args.engine_from], model, hardware,
+                                tp))
     print(f"wrote {out}")
     return 0
 

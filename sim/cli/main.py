@@ -70,14 +70,22 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """``batchsim trace RUN_DIR``: export one run's iterations as a Chrome/Perfetto trace."""
+    import errno
+    import os
+    import tempfile
+
     from sim.experiments.config import ConfigError
     from sim.experiments.outdir import finished_summary
-    from sim.experiments.results import read_table
-    from sim.report.trace_export import export_chrome_trace
+    from sim.experiments.results import TEMP_MARK, read_table
+    from sim.report.trace_export import check_trace_target, export_chrome_trace
 
     folder = Path(args.run_dir)
     if finished_summary(folder) is None:
-        runs = folder.parent if folder.parent.name == "runs" else folder / "runs"
+        # An output folder's own runs/ first: the default output folder runs/<name> has a
+        # parent named runs/ too, yet its runs are in runs/<name>/runs. Else the folder may be
+        # a (mistyped) run id inside <out>/runs/, whose siblings are the runs.
+        runs = folder / "runs" if (folder / "runs").is_dir() or folder.parent.name != "runs" \
+            else folder.parent
         done = sorted(p.name for p in runs.glob("*") if (p / "summary.json").is_file()) \
             if runs.is_dir() else []
         hint = (f"; finished runs in {runs}: " + ", ".join(done[:20])
@@ -85,8 +93,25 @@ def cmd_trace(args: argparse.Namespace) -> int:
         raise ConfigError(f"{folder}: not a finished run folder (expected runs/<id>/ with "
                           "summary.json and intact result tables; re-run the experiment to "
                           f"redo a damaged run){hint}")
-    path = export_chrome_trace(read_table(folder / "steps"), Path(args.out or
-                               folder / "trace.json"), read_table(folder / "requests"))
+    target = Path(args.out or folder / "trace.json")
+    # Check the target before reading the tables and building the trace, so an unusable --out
+    # is one exit-2 line at once, not an exit-1 "environment failure" after all the work: a
+    # probe file created (and removed) where the trace's temporary file will be.
+    check_trace_target(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)  # as the export itself would
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}{TEMP_MARK}", suffix=".tmp",
+                                     dir=target.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        if errno.errorcode.get(e.errno or -1) in ("ENOSPC", "EDQUOT", "EMFILE", "ENFILE",
+                                                   "ENOMEM", "EIO", "EAGAIN"):
+            raise  # the machine's state, not the path: exit 1 as any environment failure
+        raise InputError(f"cannot write the trace there: {e.strerror or e}",
+                         field=f"--out {target}") from None
+    path = export_chrome_trace(read_table(folder / "steps"), target,
+                               read_table(folder / "requests"))
     print(f"wrote {path} (open it in ui.perfetto.dev or chrome://tracing)")
     return 0
 
@@ -100,11 +125,22 @@ def cmd_profiles(args: argparse.Namespace) -> int:
                                 ("--gpu-memory-utilization", args.gpu_memory_utilization))
               if v is not None}
     if args.model and args.hardware:
+        from sim.cost.roofline import build_cost_model
         from sim.kv.capacity import BLOCK_SIZE, GPU_MEMORY_UTILIZATION, describe_capacity
+        from sim.kv.config import resolve_kv
 
-        print(describe_capacity(args.model, args.hardware, sizing.get("--tp", 1),
-                                sizing.get("--block-size", BLOCK_SIZE),
-                                sizing.get("--gpu-memory-utilization", GPU_MEMORY_UTILIZATION)))
+        tp = sizing.get("--tp", 1)
+        block_size = sizing.get("--block-size", BLOCK_SIZE)
+        utilization = sizing.get("--gpu-memory-utilization", GPU_MEMORY_UTILIZATION)
+        text = describe_capacity(args.model, args.hardware, tp, block_size, utilization)
+        try:  # run's own rule (resolve_kv): a deployment with no KV block is refused there
+            resolve_kv({"block_size": block_size, "gpu_memory_utilization": utilization},
+                       build_cost_model(model=args.model, hardware=args.hardware, tp=tp))
+        except InputError as e:
+            raise InputError(f"{e.problem} of {args.model} on {tp} x {args.hardware} (raise "
+                             "--gpu-memory-utilization or --tp)",
+                             field=f"--gpu-memory-utilization {utilization:g}") from None
+        print(text)
         return 0
     if sizing:  # a KV capacity setting with nothing to size: it would be silently ignored
         raise InputError("sizes the KV capacity of a deployment: give --model and --hardware "
@@ -145,6 +181,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     """``batchsim capacity EXP.yaml --slo ...``: highest rate meeting the SLOs per policy."""
     from sim.experiments.capacity import run_capacity
 
+    # repeated --slo flags are one list of SLOs (the last one alone dropped the others
+    # silently); parse_slos refuses a metric given twice, in one flag or across flags
+    args.slo = ",".join(args.slo)
     if args.split_gpus is not None:  # colocated vs every prefill:decode split of N GPUs
         from sim.experiments.capacity_split import main_hook
 
@@ -228,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "results (with --model, --hardware, --tp, --engine, --out)")
     c.add_argument("--engine", help="engine profile to start from (default: the default)")
     c.add_argument("--out", help="engine YAML to write with --engine-from (never overwritten)")
-    add_validate_arguments(c)
+    add_validate_arguments(c, defaults=False)  # None when not given: refused without --engine-from
     c.set_defaults(func=cmd_calibrate)
 
     v = sub.add_parser("validate", help="compare measured benchmark runs with batchsim's replay")
@@ -239,7 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cap = sub.add_parser("capacity", help="highest request rate meeting SLOs, per policy")
     cap.add_argument("config")
-    cap.add_argument("--slo", required=True, help="e.g. ttft_p99_ms=2000,tpot_p99_ms=100")
+    cap.add_argument("--slo", required=True, action="append", metavar="NAME=LIMIT[,...]",
+                     help="e.g. ttft_p99_ms=2000,tpot_p99_ms=100 (repeatable: the SLOs of "
+                     "every --slo apply)")
     cap.add_argument("--attainment", type=float, default=None,
                      help="per-request SLO attainment goal instead of percentiles (e.g. 0.9)")
     cap.add_argument("--tolerance", type=float, default=0.05, help="relative rate tolerance")

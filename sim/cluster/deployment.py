@@ -4,7 +4,8 @@ Replicas are numbered group by group, in the order the groups are listed. Each r
 group's cost model, KV cache and its own policy instance; the router process
 (``sim.cluster.routed``) feeds them. The result's summary covers the whole cluster; the
 utilization metrics use the replicas' mean peak FLOP/s and bandwidth (so ``mfu`` is FLOPs done
-over FLOPs the whole fleet could have done) and the KV metrics are left out when the groups'
+over FLOPs the whole fleet could have done), ``slot_utilization`` counts each step's rows
+against its own replica's batch slots, and the KV metrics are left out when the groups'
 caches differ in size (one cache size is needed to read usage as a share);
 ``SimResult.groups`` has one exact summary per group.
 """
@@ -182,14 +183,18 @@ def _summary(table: pd.DataFrame, steps: pd.DataFrame, runs: tuple[np.ndarray, .
     peaks = [getattr(g.cost, "peak_flops", None) for g in owner]
     bandwidths = [getattr(g.cost, "peak_bytes_per_s", None) for g in owner]
     kvs = [_kv_of(rep) for rep in replicas]
-    capacities = {getattr(rep, "slot_capacity", None) if not hasattr(rep, "policy")
+    # each replica's batch rows: one number when the policies agree (the single-policy
+    # metric), else per replica, so each step counts against its own replica's slots (with no
+    # capacity at all, each step's slots were its own rows: 1.0 for every mixed fleet)
+    capacities = {rep.index: getattr(rep, "slot_capacity", None) if not hasattr(rep, "policy")
                   else rep.policy.slot_capacity for rep in replicas}
+    distinct = set(capacities.values())
     blocks = {None if kv.unlimited else kv.num_blocks for kv in kvs}
     sizes = {kv.block_size for kv in kvs}
     gaps, at, counts = canonical_irregular([runs])
     out = summarize(table, steps, (gaps, at, counts),
                     peak_flops=_mean(peaks), peak_bytes_per_s=_mean(bandwidths),
-                    slot_capacity=capacities.pop() if len(capacities) == 1 else None,
+                    slot_capacity=distinct.pop() if len(distinct) == 1 else capacities,
                     num_replicas=len(replicas),
                     kv_total_blocks=blocks.pop() if len(blocks) == 1 else None,
                     kv_block_size=sizes.pop() if len(sizes) == 1 else None, **window)

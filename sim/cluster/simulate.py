@@ -9,7 +9,8 @@ any other router the replicas run on the general engine, driven from outside
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Mapping, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from sim.cluster.groups import decode_router, is_disaggregated, parse_groups
 from sim.cluster.metrics import imbalance, per_replica
 from sim.cluster.routed import RoutingLog, run_routed
 from sim.core.arrays import TraceArrays
+from sim.core.errors import InputError
 from sim.core.types import Request
 from sim.engine.replica import Replica
 from sim.engine.simulate import SimResult
@@ -61,6 +63,14 @@ def is_static(router: Router) -> bool:
     return type(router) is RoundRobin and router.latency_s == 0
 
 
+#: ``simulate``'s own arguments, and the engine's that it passes on (``**options``; the
+#: driver is the router's, never a caller's).
+PUBLIC_ARGUMENTS = frozenset({"requests", "policy", "cost", "kv", "seed", "num_replicas",
+                              "router", "cluster"})
+ENGINE_OPTIONS = (frozenset(inspect.signature(simulate_replicas).parameters)
+                  - PUBLIC_ARGUMENTS - {"driver"}) | {"cost_keys"}
+
+
 def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost: Any = None,
              kv: Any = "auto", seed: int = 0, *, num_replicas: int = 1,
              router: str | Mapping[str, Any] | Router | None = None,
@@ -74,6 +84,13 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost
     then the defaults of groups that leave them out, and ``num_replicas`` is not used.
     Every other argument is the engine's.
     """
+    unknown = sorted(set(options) - ENGINE_OPTIONS)
+    if unknown:
+        raise InputError(f"unknown argument {unknown[0]!r}; accepted: "
+                         f"{', '.join(sorted(ENGINE_OPTIONS | PUBLIC_ARGUMENTS))}",
+                         field=unknown[0])
+    if isinstance(requests, Sized) and not len(requests):
+        raise InputError("no requests to simulate (an empty list)", field="requests")
     if policy is None:  # what a YAML without ``policy:`` runs
         policy = DEFAULT_POLICY
     if cluster is not None:

@@ -24,6 +24,7 @@ from sim.core.fields import is_integer, not_one_of
 from sim.core.types import BatchShape, StepCost
 from sim.cost.aggregate import AggregateSteps
 from sim.cost.base import ShapeCost, StepSeries
+from sim.cost.defaults import DEFAULT_ENGINE  # re-exported: the default of build_cost_model
 from sim.cost.profile_schema import check_overrides
 from sim.cost.profiles import (
     DTYPE_BYTES,
@@ -457,11 +458,6 @@ class RooflineCost(AggregateSteps, ShapeCost):
         return max(0, int(free // self.kv_bytes_per_token))
 
 
-#: The engine profile of a run that names none, from Python and from YAML alike. ``vllm-v0`` is
-#: the only engine generation whose overheads (TP terms included) are fitted to measurements;
-#: the newer profiles are derived from it. At TP 1 it has the numbers the old ``vllm`` profile
-#: had (``vllm`` is now its alias), so TP 1 results did not change when the generations came.
-DEFAULT_ENGINE = "vllm-v0"
 
 
 def build_cost_model(model: str | Path | ModelSpec, hardware: str | Path | GpuProfile,

@@ -54,10 +54,12 @@ def request_columns(requests: Sequence[Request] | TraceArrays) -> dict[str, np.n
 
 #: The run limits: YAML ``limits:`` and ``sim.simulate``'s keyword arguments of the same names.
 LIMIT_FIELDS: dict[str, Key] = {
+    # > 0: a run stopped at 0 s simulates nothing, and would report an empty summary as a
+    # result
     "horizon_s": Key(NUM + (OPT,), None, "Stop simulated time here (partial results are "
-                     "marked).", "s", 0),
+                     "marked).", "s", 0, exclusive_min=True),
     "wall_clock_s": Key(NUM + (OPT,), None, "Stop a run after this much real time "
-                        "(partial results are marked).", "s", 0),
+                        "(partial results are marked).", "s", 0, exclusive_min=True),
     "max_model_len": Key(INT + (OPT,), None, "Longest prompt + output a request may "
                          "reach; default the model's max_position_embeddings (vLLM's "
                          "rule); longer requests are rejected at arrival.", "tokens", 1),

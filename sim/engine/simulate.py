@@ -27,6 +27,8 @@ from sim.core.state import Seq
 from sim.core.types import Request
 from sim.cost.base import CostModel
 from sim.cost.checked import checked_cost
+from sim.cost.defaults import DEFAULT_HARDWARE, DEFAULT_MODEL
+from sim.cost.roofline import build_cost_model
 from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
 from sim.engine.compiled import COMPILED_COLD_MIN_REQUESTS, COMPILED_MIN_REQUESTS, Outcomes
 from sim.engine.coverage import (
@@ -105,7 +107,7 @@ class SimResult:
 
 
 def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any] | str | Policy,
-             cost: CostModel, kv: Mapping[str, Any] | KVConfig | str | None = AUTO,
+             cost: CostModel | None, kv: Mapping[str, Any] | KVConfig | str | None = AUTO,
              seed: int = 0,
              *, num_replicas: int = 1, warmup_s: float = 0.0, cooldown_s: float = 0.0,
              slos: Mapping[str, float] | None = None, horizon_s: float | None = None,
@@ -124,7 +126,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     each replica gets its own instance. ``kv`` is a ``kv`` block as in the YAML (same keys,
     checks and defaults); ``None`` means unlimited KV; the default, ``"auto"``, is what a YAML
     without ``kv:`` gets (capacity from the hardware profile; unlimited for an analytic cost
-    model). ``seed`` is recorded
+    model). ``cost`` ``None`` is what a YAML without ``model``, ``hardware``, ``engine`` and
+    ``cost`` simulates: ``build_cost_model(DEFAULT_MODEL, DEFAULT_HARDWARE)`` (Llama-3-8B on
+    one H100 SXM, the default engine profile). ``seed`` is recorded
     and reserved for stochastic policies (the engine itself draws nothing at random).
     ``checks`` turns on deep per-step invariant checks (used by the tests).
     ``event_skipping`` lets steady decode stretches advance in one event (exact; off for
@@ -167,6 +171,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     if step_table not in STEP_TABLE_CHOICES:
         raise InputError(f"must be one of {', '.join(STEP_TABLE_CHOICES)}; got {step_table!r}",
                          field="step_table")
+    for name, flag in (("checks", checks), ("event_skipping", event_skipping)):
+        if not isinstance(flag, bool):  # a string such as "no" would read as true
+            raise InputError(f"expected true or false, got {flag!r}", field=name)
     if fast_path not in _FAST_PATH_CHOICES:
         raise InputError(f"fast_path must be one of True, False, 'compiled', 'interpreted'; "
                          f"got {fast_path!r}")
@@ -176,6 +183,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     slo_limits = check_metric_args(warmup_s, cooldown_s, slos)
     cols = request_columns(requests)  # every request checked before anything runs
     check_measurement_window(cols["arrival_s"], warmup_s, cooldown_s)
+    if cost is None:  # what a YAML without model/hardware/engine/cost: simulates
+        cost = build_cost_model(DEFAULT_MODEL, DEFAULT_HARDWARE)
     cost = checked_cost(cost)  # a user's model: every step time it returns is checked
     kv_config = resolve_kv(kv, cost)
     limit = model_len_limit(cost, max_model_len)

@@ -143,15 +143,41 @@ def _from_vllm(data: dict[str, Any], source: str) -> BenchRun:
                                    source=source, field=f"itls[{i}]")
     return BenchRun(source, prompt[idx].astype(np.int64), output[idx].astype(np.int64),
                     ttft, tuple(_numbers(itls[i], source, f"itls[{i}]") for i in idx),
-                    rate,
-                    float(data.get("burstiness") or 1.0), None,
-                    float(data["duration"]) if data.get("duration") else None,
-                    int(data["max_concurrency"]) if data.get("max_concurrency") else None)
+                    rate, _positive(data, "burstiness", source) or 1.0, None,
+                    _positive(data, "duration", source),
+                    _max_concurrency(data, source))
+
+
+def _positive(data: dict[str, Any], key: str, source: str) -> float | None:
+    """``data[key]``: ``None`` when absent or null, else it must be a finite number > 0 (a run
+    of ``duration: 0`` or a ``burstiness`` of 0 was silently read as unset)."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not is_real(value) or not math.isfinite(value) or value <= 0:
+        raise BenchResultError(f"must be a number > 0, got {value!r}"[:200], source=source,
+                               field=key)
+    return float(value)
+
+
+def _max_concurrency(data: dict[str, Any], source: str) -> int | None:
+    """The client's concurrency cap: absent or null (no cap), else a whole number >= 1."""
+    value = data.get("max_concurrency")
+    if value is None:
+        return None
+    if not is_real(value) or not math.isfinite(value) or not float(value).is_integer() \
+            or value < 1:
+        raise BenchResultError(f"must be a whole number >= 1 or null, got {value!r}"[:200],
+                               source=source, field="max_concurrency")
+    return int(value)
 
 
 def _from_guidellm(bench: dict[str, Any], source: str) -> BenchRun:
     """One benchmark of a guidellm report."""
-    reqs = (bench.get("requests") or {}).get("successful")
+    if not isinstance(bench, dict):
+        raise BenchResultError(f"expected a benchmark object, got {bench!r}"[:200], source=source)
+    requests = bench.get("requests")
+    reqs = requests.get("successful") if isinstance(requests, dict) else None
     if not isinstance(reqs, list) or not reqs:
         raise BenchResultError("benchmark without requests.successful", source=source,
                                field="requests.successful")
@@ -190,6 +216,9 @@ def load_bench_results(path: str | Path) -> list[BenchRun]:
     except (ValueError, UnicodeDecodeError) as e:
         raise BenchResultError(f"not JSON ({e})", source=str(p)) from None
     if isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
+        if not data["benchmarks"]:  # it printed a header and no table, exit 0
+            raise BenchResultError("no benchmark entries (a guidellm report needs at least one "
+                                   "benchmark with requests)", source=str(p), field="benchmarks")
         return [_from_guidellm(b, f"{p}#benchmarks[{i}]") for i, b in
                 enumerate(data["benchmarks"])]
     if isinstance(data, dict) and "input_lens" in data:

@@ -8,6 +8,7 @@ that label it in ``summary.csv``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import os
@@ -166,6 +167,7 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
             _check_swept_path(key, "zip", source)
         n = next(iter(lengths.values()))
         axes.append([{k: v[i] for k, v in zipped.items()} for i in range(n)])
+    _check_nested([*(sweep or {}), *(zipped or {})], source)
     combos = []
     for parts in itertools.product(*axes):
         merged: dict[str, Any] = {}
@@ -175,12 +177,32 @@ def _expand(sweep: dict[str, Any] | None, zipped: dict[str, Any] | None,
     return combos
 
 
+#: Top-level keys no sweep can vary: what they hold is expanded into runs before any
+#: swept value is set, so a swept one would be ignored.
+UNSWEPT = {"policies": "list the policies under policies: (each entry is a run of every "
+                       "point), or sweep policy",
+           "sweep": "a sweep cannot vary the sweep", "zip": "a sweep cannot vary the zip"}
+
+
 def _check_swept_path(key: str, block: str, source: str) -> None:
     """``check_path`` of a key of the file's ``sweep:`` or ``zip:``, located there."""
+    head = key.split(".")[0]
+    if head in UNSWEPT:
+        raise ConfigError(f"{source}: {block}.{key}: cannot be varied; {UNSWEPT[head]}")
     try:
         check_path(key)
     except InputError as e:
         raise ConfigError(f"{source}: {block}.{e}") from None
+
+
+def _check_nested(keys: list[str], source: str) -> None:
+    """Refuse two varied keys of which one holds the other (``workload.arrival`` and
+    ``workload.arrival.rate``): one would overwrite the other's values in every run."""
+    for a in keys:
+        for b in keys:
+            if b.startswith(a + "."):
+                raise ConfigError(f"{source}: sweep: {b} is varied inside {a}, which is "
+                                  f"varied too; vary one of them")
 
 
 def _check_load_key(key: str | None, configs: list[dict[str, Any]], source: str) -> None:
@@ -223,6 +245,28 @@ def _check_listed_policy(spec: dict[str, Any], index: int, combo: dict[str, Any]
         raise ConfigError(e.problem, source=source, field=field) from None
 
 
+#: Swept keys that choose a run's policy (not one parameter of it): each run is then
+#: labelled by the policy it runs, not by the file's ``policy:``.
+POLICY_CHOICE = ("policy", "policy.name")
+
+
+def _label_chosen(runs: list[RunSpec], chosen: list[dict[str, Any]], key: str,
+                  source: str) -> list[RunSpec]:
+    """``runs`` labelled by the policies a swept ``key`` chose for them (``chosen``, in run
+    order): the labels ``policies:`` entries of those policies would have, unique within the
+    experiment, so tables and plots never merge two policies under one label."""
+    distinct: list[dict[str, Any]] = []
+    for spec in chosen:
+        if spec not in distinct:
+            distinct.append(spec)
+    try:
+        labels = policy_labels(distinct, field=f"sweep.{key}")
+    except InputError as e:
+        raise ConfigError(e.problem, source=source, field=e.field) from None
+    return [dataclasses.replace(run, label=labels[distinct.index(spec)])
+            for run, spec in zip(runs, chosen, strict=True)]
+
+
 def policy_label(spec: Any) -> str:
     """A short label for a policy spec (its ``label`` key, else its name)."""
     if isinstance(spec, dict):
@@ -253,7 +297,7 @@ def expand_runs(raw: dict[str, Any],
                           "drop the key for the default)")
     policies = policies or [base["policy"] or {"name": DEFAULT_POLICY}]
     try:
-        labels = policy_labels(policies)
+        labels = policy_labels(policies, "policies" if raw_policies is not None else "policy")
     except InputError as e:
         raise ConfigError(str(e.within(source))) from None
     sweep, zipped = base.pop("sweep"), base.pop("zip")
@@ -261,12 +305,21 @@ def expand_runs(raw: dict[str, Any],
     _check_load_key(base["output"]["load_key"], [raw, {"sweep": sweep, "zip": zipped}], source)
     runs: list[RunSpec] = []
     listed = base["policy"] is None and raw_policies is not None
+    choosing = [k for k in (*(sweep or {}), *(zipped or {})) if k in POLICY_CHOICE]
+    if choosing and listed and len(policies) > 1:
+        raise ConfigError(f"{source}: sweep: {choosing[0]} chooses the policy of every run, "
+                          "and so does the policies: list; vary one of them")
+    chosen: list[dict[str, Any]] = []  # each run's policy as written, when a sweep chooses it
     for i, (spec, label) in enumerate(zip(policies, labels, strict=True)):
         for combo in _expand(sweep, zipped, source):
             cfg = copy.deepcopy(base)
             cfg["policy"] = copy.deepcopy(spec) if isinstance(spec, dict) else {"name": spec}
             for key, value in combo.items():
                 set_dotted(cfg, key, copy.deepcopy(value))
+            if isinstance(cfg["policy"], str):  # a swept ``policy: static``, as the file's
+                cfg["policy"] = {"name": cfg["policy"]}
+            if choosing:
+                chosen.append(copy.deepcopy(cfg["policy"]))
             try:
                 cfg = validate({k: v for k, v in cfg.items()})
             except ConfigError as e:
@@ -277,6 +330,8 @@ def expand_runs(raw: dict[str, Any],
             cfg.pop("zip", None)
             cfg.pop("policies", None)
             runs.append(RunSpec(cfg, combo, label))
+    if choosing:
+        runs = _label_chosen(runs, chosen, choosing[0], source)
     try:
         unused = check_unused([r.config for r in runs], source)
     except InputError as e:
@@ -288,4 +343,9 @@ def expand_runs(raw: dict[str, Any],
     if notify is not None and given is not None and any(r.config.get("cluster") for r in runs):
         notify(f"parallelism.replicas ({given}) is not used by the runs with a cluster block: "
                "its groups set the replicas")
+    routed = [r.config for r in runs if r.config.get("router") is not None]
+    if notify is not None and routed and all(
+            c["parallelism"]["replicas"] == 1 and not c.get("cluster") for c in routed):
+        notify("router is not used: every run that sets it has one replica "
+               "(parallelism.replicas: 1), so there is nothing to route between")
     return base, runs

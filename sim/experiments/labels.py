@@ -38,18 +38,23 @@ def _spec(spec: Any) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {"name": spec}
 
 
-def policy_labels(specs: list[Any]) -> list[str]:
-    """The label of each policy spec of ``specs`` (``policies:`` entries, in order)."""
+def policy_labels(specs: list[Any], field: str = "policies") -> list[str]:
+    """The label of each policy spec of ``specs`` (``policies:`` entries, in order; ``field``
+    names the list in errors, ``"policy"`` the file's one policy)."""
     dicts = [_spec(s) for s in specs]
     written = [d.get("label") for d in dicts]
     seen_written: dict[str, int] = {}
     for i, label in enumerate(written):
         if label is None:
             continue
+        where = "policy.label" if field == "policy" else f"{field}[{i}].label"
+        if not isinstance(label, str) or not label.strip():
+            raise InputError(f"expected a non-empty label (it names the policy's rows in every "
+                             f"table and plot), got {label!r}", field=where)
         if str(label) in seen_written:
-            raise InputError(f"label {label!r} is used by policies[{seen_written[str(label)]}] "
+            raise InputError(f"label {label!r} is used by {field}[{seen_written[str(label)]}] "
                              "too; labels name the rows of every table, so they must differ",
-                             field=f"policies[{i}].label")
+                             field=where)
         seen_written[str(label)] = i
     labels: list[str] = []
     for d, label in zip(dicts, written, strict=True):

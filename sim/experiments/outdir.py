@@ -7,6 +7,8 @@
 - ``OutputLock`` holds an advisory lock on ``OUT/.batchsim.lock`` while a command writes there;
   a second command on the same folder is refused with a clear message instead of racing.
 - ``clean_temp_files`` deletes only batchsim's own temporaries (``results.TEMP_MARK``).
+- ``keep_previous_outputs`` moves another experiment's summary, report and plots aside to
+  ``OUT/previous/<n>/`` before a different experiment writes its own there.
 - ``finished_summary`` says whether a run folder holds a complete, readable run: a 0-byte or
   truncated file (a power loss, a full disk) makes the run unfinished, so it is redone.
 """
@@ -61,6 +63,8 @@ def output_folder(out: str | Path | None, name: Any, source: str, suffix: str = 
     line."""
     if out is None:
         path = Path("runs") / (check_name(name, source) + suffix)
+    elif not isinstance(out, str | os.PathLike):
+        raise OutputFolderError(f"--out: expected a folder path, got {type(out).__name__}")
     elif not str(out).strip() or "\0" in str(out):
         raise OutputFolderError(f"--out: not a usable folder name: {str(out)!r}")
     else:
@@ -147,6 +151,41 @@ class OutputLock:
         if self.fd is not None:
             os.close(self.fd)  # closing releases the flock
             self.fd = None
+
+
+#: The top-level outputs of an experiment: what a different experiment run into the same
+#: folder would replace (its runs, named by their configs, are shared and stay).
+EXPERIMENT_OUTPUTS = ("experiment.yaml", "summary.csv", "summary_by_seed.csv", "report.md",
+                      "report.html", "plots")
+#: The keys of ``experiment.yaml`` that decide what the outputs hold (not where the file was).
+_DEFINING = ("experiment", "overrides", "sweeps")
+
+
+def keep_previous_outputs(out: Path, record: dict[str, Any]) -> Path | None:
+    """When ``out`` holds the outputs of another experiment than ``record`` (what the new
+    ``experiment.yaml`` will say), move them to ``out/previous/<n>/`` (the first free ``n``)
+    and return that folder; ``None`` when there is nothing to keep (no experiment there yet,
+    or the same experiment again: a resume)."""
+    import yaml
+
+    exp = out / "experiment.yaml"
+    if not exp.is_file():
+        return None
+    try:
+        old = yaml.safe_load(exp.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        old = None
+    if isinstance(old, dict) and all(old.get(k) == record.get(k) for k in _DEFINING):
+        return None
+    for n in itertools.count(1):
+        dest = out / "previous" / str(n)
+        if not dest.exists():
+            break
+    dest.mkdir(parents=True)
+    for name in EXPERIMENT_OUTPUTS:
+        if (out / name).exists():
+            os.replace(out / name, dest / name)
+    return dest
 
 
 def clean_temp_files(out: Path) -> int:

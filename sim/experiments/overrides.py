@@ -63,20 +63,28 @@ def check_path(path: str) -> None:
                 leaf = ".".join(parts[:i])
                 raise ConfigError(f"{path}: {leaf} is a single value, not a block of keys; set "
                                   f"it whole, e.g. --set '{leaf}=...'")
-        parent = path.rsplit(".", 1)[0] if "." in path else ""
-        node = lookup(parent) if parent else SCHEMA
-        known = node if isinstance(node, dict) else {}
-        raise ConfigError(str(unknown_key(path.rsplit(".", 1)[-1], known, path)))
+        for i in range(1, len(parts) + 1):  # the first key the schema does not have
+            if lookup(".".join(parts[:i])) is None:
+                node = lookup(".".join(parts[:i - 1])) if i > 1 else SCHEMA
+                known = node if isinstance(node, dict) else {}
+                raise ConfigError(str(unknown_key(parts[i - 1], known,
+                                                  ".".join(parts[:i]))))
 
 
-def parse_value(raw: str) -> Any:
+def parse_value(raw: str, flag: str = "--set", key: str = "") -> Any:
     """A command-line value parsed as the experiment YAML parses it (so ``4`` is a number,
-    ``1e-3`` a float and ``[1, 2]`` a list); text that is no YAML value stays text."""
+    ``1e-3`` a float and ``[1, 2]`` a list); other text that is no YAML value stays text, but
+    a value written as a YAML list or mapping (``[...``, ``{...``) must parse as one."""
     if not raw.strip():
         return ""
     try:
         return yaml_value(raw)
-    except (yaml.YAMLError, ValueError, RecursionError):
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        if raw.lstrip()[:1] in ("[", "{"):
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(f"{flag} {key}={raw}: not a valid YAML "
+                              f"{'list' if raw.lstrip()[0] == '[' else 'mapping'} ({why})"
+                              ) from None
         return raw
 
 
@@ -88,14 +96,14 @@ def parse_override(text: str, flag: str = "--set") -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"{flag} {text!r}: empty key")
-    return key, parse_value(raw)
+    return key, parse_value(raw, flag, key)
 
 
 def parse_sweep(text: str) -> tuple[str, list[Any]]:
     """``--sweep KEY=[a, b]`` (or ``KEY=a,b``) as ``(KEY, [a, b])``."""
     key, raw = text.split("=", 1) if "=" in text else (text, "")
     raw = raw.strip()
-    values = parse_value(raw if raw.startswith("[") else f"[{raw}]")
+    values = parse_value(raw if raw.startswith("[") else f"[{raw}]", "--sweep", key.strip())
     if not key.strip() or not isinstance(values, list) or not values:
         raise ConfigError(f"--sweep {text!r}: expected dotted.key=[value, ...] "
                             "(or dotted.key=a,b,c)")
@@ -139,7 +147,10 @@ def apply_override(data: dict[str, Any], key: str, value: Any, text: str,
             data[head] = value
         return
     if head in SWEEP_BLOCKS:  # one swept key: sweep.workload.rate=[...]
-        check_path(rest)
+        try:
+            check_path(rest)
+        except ConfigError as e:
+            raise ConfigError(f"{text}: {e}") from None
         if value is None:
             block = _block(data, head)
             if block is not None:
@@ -149,7 +160,7 @@ def apply_override(data: dict[str, Any], key: str, value: Any, text: str,
         other = _block(data, SWEEP_BLOCKS[1 - SWEEP_BLOCKS.index(head)])
         if other is not None and rest in other:
             raise ConfigError(f"{text}: {rest} is already varied in "
-                                f"{SWEEP_BLOCKS[1 - SWEEP_BLOCKS.index(head)]}: ; "
+                                f"{SWEEP_BLOCKS[1 - SWEEP_BLOCKS.index(head)]}; "
                                 f"set it there or remove it first")
         block = _block(data, head, create=True)
         assert block is not None

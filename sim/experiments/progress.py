@@ -46,6 +46,21 @@ def rejected_note(phrases: list[str]) -> str:
             "in runs/<id>/requests, column reason): " + "; ".join(phrases[:3]) + more)
 
 
+def partial_phrase(label: str, rid: str, result: Mapping[str, Any]) -> str:
+    """``label (run id): 12 of 20 unfinished`` of a run a limit stopped early."""
+    n = sum(int(result.get(k) or 0) for k in ("completed", "num_rejected", "num_unfinished"))
+    return f"{label} ({rid}): {int(result.get('num_unfinished') or 0)} of {n} unfinished"
+
+
+def partial_note(phrases: list[str]) -> str:
+    """The console line that says runs were stopped early (``partial_phrase`` of each, the
+    first three named): their metrics cover only what had finished, so never silent."""
+    more = f"; and {len(phrases) - 3} more runs" if len(phrases) > 3 else ""
+    return ("batchsim: runs stopped early by limits.horizon_s or limits.wall_clock_s (partial: "
+            "their metrics cover only the requests finished by then; summary.csv column "
+            "partial): " + "; ".join(phrases[:3]) + more)
+
+
 class Progress:
     """Progress of ``total`` runs of an experiment called ``name``.
 

@@ -36,11 +36,14 @@ from sim.experiments.outdir import (
     OutputLock,
     clean_temp_files,
     finished_summary,
+    keep_previous_outputs,
     output_folder,
 )
 from sim.experiments.progress import (
     Progress,
     fallback_message,
+    partial_note,
+    partial_phrase,
     rejected_note,
     rejected_phrase,
 )
@@ -145,8 +148,10 @@ def collect_summary(out: Path, runs: Iterable[RunSpec]) -> pd.DataFrame:
         if s is None:
             continue
         cfg = spec.config
+        # a swept whole policy is its label and name already, not a column of its own
         row = {"run_id": rid, "label": spec.label, "policy": cfg["policy"].get("name"),
-               **{k: swept_value(v) for k, v in spec.swept.items()}, "model": cfg["model"],
+               **{k: swept_value(v) for k, v in spec.swept.items() if k != "policy"},
+               "model": cfg["model"],
                "hardware": cfg["hardware"], "tp": cfg["parallelism"]["tp"]}
         row.update({k: v for k, v in s.items() if k not in VOLATILE and k not in row})
         rows.append(row)
@@ -236,11 +241,14 @@ def _run_locked(path: Path, raw: dict[str, Any],
                 plots: bool | None, quiet: bool, report: ReportWriter | None) -> pd.DataFrame:
     """``run_experiment`` once the output folder is checked and locked."""
     clean_temp_files(out)
-    write_text(out / "experiment.yaml", yaml.safe_dump(
-        {"source": str(path), "base_dir": str(base_dir),
-         "overrides": _plain_overrides(overrides),
-         **({"sweeps": dict(sweeps)} if sweeps else {}), "experiment": raw},
-        sort_keys=False))
+    record = {"source": str(path), "base_dir": str(base_dir),
+              "overrides": _plain_overrides(overrides),
+              **({"sweeps": dict(sweeps)} if sweeps else {}), "experiment": raw}
+    kept = keep_previous_outputs(out, yaml.safe_load(yaml.safe_dump(record, sort_keys=False)))
+    if kept is not None and not quiet:
+        _note(f"{out} held the outputs of another experiment: its summary, report and plots "
+              f"are kept in {kept} (the runs stay shared in {out / 'runs'})")
+    write_text(out / "experiment.yaml", yaml.safe_dump(record, sort_keys=False))
     todo: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
     for spec in runs:
@@ -251,8 +259,10 @@ def _run_locked(path: Path, raw: dict[str, Any],
                 todo.append((rid, spec.config))
     progress = Progress(base["name"], len(todo), quiet=quiet)
     engines = ", ".join(dict.fromkeys(engine_profile_of(spec.config) for spec in runs))
-    progress.message(f"batchsim: {base['name']}: {len(runs)} runs, "
-                     f"{len(runs) - len(todo)} already done (engine profile: {engines})")
+    same = len(runs) - len(seen)  # entries that describe a run already listed: run once
+    merged = f", {same} duplicate{'s' if same > 1 else ''} run once" if same else ""
+    progress.message(f"batchsim: {base['name']}: {len(seen)} runs{merged}, "
+                     f"{len(seen) - len(todo)} already done (engine profile: {engines})")
     for note in calibration_notes([str(spec.config["hardware"]) for spec in runs
                                    if spec.config["cost"]["kind"] == "roofline"]):
         progress.message(f"batchsim: {note}")
@@ -260,6 +270,7 @@ def _run_locked(path: Path, raw: dict[str, Any],
 
     general: dict[str, int] = {}  # why runs fell back to the general engine -> how many
     rejected: list[str] = []  # the runs that rejected requests, one phrase each
+    partial: list[str] = []  # the runs a limit stopped early, one phrase each
     labels = {run_id(spec.config): spec.label for spec in runs}
 
     def on_done(rid: str, result: dict[str, Any]) -> None:
@@ -273,6 +284,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
         progress.advance(rid, error)
         if result.get("num_rejected"):
             rejected.append(rejected_phrase(labels.get(rid, rid), rid, result))
+        if result.get("partial"):
+            partial.append(partial_phrase(labels.get(rid, rid), rid, result))
         if result.get("sim_engine") == "general":
             why = result.get("sim_engine_reason") or "unknown"
             if result.get("sim_step_engine") == "compiled":
@@ -300,6 +313,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
         progress.message(fallback_message(general))
     if rejected:  # requests that can never run here: not a failure, but never silent
         progress.message(rejected_note(rejected))
+    if partial:
+        progress.message(partial_note(partial))
     if failed:
         progress.message(f"batchsim: {failed} run(s) failed; see runs/*/error.txt")
     # Runs that failed this time or earlier: their first error line, for the CLI to report.

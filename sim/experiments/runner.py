@@ -18,6 +18,7 @@ import yaml
 
 from sim.cluster.simulate import simulate
 from sim.core.errors import InputError, environment_failure
+from sim.core.fields import set_off_default
 from sim.core.paths import resolve_from
 from sim.core.types import Request
 from sim.core.version import __version__
@@ -25,7 +26,7 @@ from sim.cost.base import ConstantCost, CostModel, LinearCost
 from sim.engine.simulate import SimResult
 from sim.experiments.results import atomic_write, write_json, write_table, write_text
 from sim.experiments.run_progress import RunProgress
-from sim.kv.config import unused_kv_keys
+from sim.kv.config import AUTO, KV_FIELDS, unused_kv_keys
 
 
 def run_id(config: dict[str, Any]) -> str:
@@ -153,10 +154,14 @@ def group_defaults(config: dict[str, Any]) -> dict[str, Any]:
             "tp": config["parallelism"]["tp"], "engine": config["engine"]}
 
 
-def kv_spec(config: dict[str, Any]) -> dict[str, Any] | None:
+def kv_spec(config: dict[str, Any]) -> dict[str, Any] | str | None:
     """The ``kv`` argument of ``simulate`` (``None`` = unlimited), less the keys this run does
     not read (``unused_kv_keys``: an experiment refuses those no run reads; a sweep's other
-    runs read the rest)."""
+    runs read the rest). A block that sets nothing is ``simulate``'s own default, ``"auto"``
+    (capacity from HBM, unlimited for an analytic cost model), so a YAML without ``kv:`` runs
+    as ``sim.simulate`` without ``kv`` does."""
+    if not any(set_off_default(config["kv"], KV_FIELDS, name) for name in KV_FIELDS):
+        return AUTO
     kv = dict(config["kv"])
     if kv.pop("unlimited"):
         return None

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.fields import INT, MAP, NUM, OPT, STR, Key
+from sim.cost.defaults import DEFAULT_ENGINE, DEFAULT_HARDWARE, DEFAULT_MODEL
 from sim.cost.profiles import DTYPE_BYTES
-from sim.cost.roofline import DEFAULT_ENGINE
 from sim.engine.inputs import LIMIT_FIELDS, REPLICAS, SEED
 from sim.experiments.intervals import INTERVAL_FIELDS
 from sim.kv.config import KV_FIELDS
@@ -21,9 +21,9 @@ SCHEMA: dict[str, Any] = {
     "name": Key(STR, "experiment", "Experiment name, used in titles and the report."),
     "description": Key(STR, "", "Free text shown in the report."),
     "seed": SEED,
-    "model": Key(STR, "llama-3-8b", "Built-in model name or path to a model YAML / HF "
+    "model": Key(STR, DEFAULT_MODEL, "Built-in model name or path to a model YAML / HF "
                  "config.json."),
-    "hardware": Key(STR, "h100-sxm", "Built-in GPU name or path to a GPU profile YAML."),
+    "hardware": Key(STR, DEFAULT_HARDWARE, "Built-in GPU name or path to a GPU profile YAML."),
     "engine": Key(STR, DEFAULT_ENGINE, "Engine profile by generation (CPU overheads, TP terms, "
                   "collective floor): `vllm-v0`, `vllm-v1`, `trtllm`, `sglang`, `ideal` (none); "
                   "`vllm` = `vllm-v0`; or a path to an engine YAML."),

@@ -45,7 +45,8 @@ PREEMPTIONS = ("recompute", "swap")
 #: Every key of the ``kv`` block (YAML ``kv:`` and ``sim.simulate(kv=...)`` alike).
 KV_FIELDS: dict[str, Key] = {
     "num_blocks": Key(INT + (OPT,), None, "KV blocks per replica; default: derived from "
-                      "HBM, weights and gpu_memory_utilization.", minimum=1,
+                      "HBM, weights and gpu_memory_utilization (an analytic cost model has "
+                      "no HBM: unlimited KV when no kv key is set, else required).", minimum=1,
                       maximum=UNLIMITED_BLOCKS),
     "block_size": Key(INT, 16, "Tokens per KV block.", "tokens", 1, maximum=MAX_BLOCK_SIZE),
     "allocator": Key(STR, "paged", "paged (blocks on demand) or slab (reserve "

@@ -59,14 +59,16 @@ def bucket_width(first_arrival_s: float, last_arrival_s: float) -> float:
     return next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw)
 
 
-def step_sums(c: Mapping[str, np.ndarray], slot_capacity: int | None,
+def step_sums(c: Mapping[str, np.ndarray], slot_capacity: int | np.ndarray | None,
               block_size: int | None) -> dict[str, float]:
     """The sums the summary's step metrics are made of, over the steps ``c`` (numpy columns).
 
     The one definition of each per-step quantity (``sim.metrics.summary`` and
     ``sim.metrics.kv`` turn the sums into metrics); a full table is one chunk. Temporaries are
     dropped as soon as they are summed: a multi-million-step table's columns are tens of MB
-    each."""
+    each. ``slot_capacity`` is the policy's batch rows (``None``: unbounded, a step's own rows
+    and padding rows), or an array of each step's own (a fleet whose policies differ; 0 for
+    an unbounded one)."""
     out: dict[str, float] = {}
     dur = c["duration_s"].astype(float, copy=False)
     out["busy_s"] = float(dur.sum())
@@ -81,8 +83,13 @@ def step_sums(c: Mapping[str, np.ndarray], slot_capacity: int | None,
     out["padding_tokens"], out["tokens"] = float(pad.sum()), float(tokens.sum())
     del pad
     rows = c["num_seqs"].astype(float)
-    slots = slot_capacity if slot_capacity else np.maximum(
-        rows + c["num_padding_rows"].astype(float), 1)
+    slots: int | np.ndarray
+    if isinstance(slot_capacity, np.ndarray):  # each step against its own replica's slots
+        slots = np.where(slot_capacity > 0, slot_capacity,
+                         np.maximum(rows + c["num_padding_rows"].astype(float), 1))
+    else:
+        slots = slot_capacity if slot_capacity else np.maximum(
+            rows + c["num_padding_rows"].astype(float), 1)
     out["slot_s"] = float((dur * rows / slots).sum())
     out["rows"] = float(rows.sum())
     del rows, slots

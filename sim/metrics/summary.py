@@ -9,7 +9,7 @@ irregular gaps (after a stall or a preemption) are stored individually.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -139,7 +139,8 @@ def check_measurement_window(arrival_s: np.ndarray, warmup_s: float, cooldown_s:
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *,
               peak_flops: float | None, peak_bytes_per_s: float | None,
-              slot_capacity: int | None, num_replicas: int, kv_total_blocks: int | None,
+              slot_capacity: int | Mapping[int, int | None] | None, num_replicas: int,
+              kv_total_blocks: int | None,
               warmup_s: float = 0.0, cooldown_s: float = 0.0,
               slos: dict[str, float] | None = None,
               kv_block_size: int | None = None,
@@ -152,7 +153,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
     the window's first arrival to its last finish. ``irregular_itl`` is a list of gaps, or
     ``(gaps, token times)``, or ``(gaps, token times, counts)`` (run-length encoded).
     With a ``stream`` (a bucketed step table) the step metrics come from its exact sums over
-    every step, and ``steps`` (the buckets) is not read.
+    every step, and ``steps`` (the buckets) is not read. ``slot_capacity`` is the policy's
+    batch rows, or (a full step table only) each replica's, by replica number: a fleet whose
+    policies differ, where each step's rows count against its own replica's slots.
     """
     counts = None
     if isinstance(irregular_itl, tuple):
@@ -206,8 +209,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
         latency = _latency_stats(done, itl)  # before the step sums' temporaries exist
         # one pass over the columns; its per-step temporaries are freed as it goes (a
         # 5M-step run's column is 40 MB)
-        sums = step_sums({k: st[k].to_numpy() for k in SUM_INPUTS}, slot_capacity,
-                         kv_block_size)
+        sums = step_sums({k: st[k].to_numpy() for k in SUM_INPUTS},
+                         _step_slots(slot_capacity, st), kv_block_size)
         del st
     out_tokens = float(done["num_output_tokens"].sum())
     in_tokens = float(done["num_prompt_tokens"].sum())
@@ -235,6 +238,18 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, irregular_itl: Any, *
 SUM_INPUTS = ("duration_s", "num_prefill_tokens", "num_decode_tokens", "num_padding_tokens",
               "flops", "bytes", "num_seqs", "num_padding_rows", "kv_used_blocks", "swap_s",
               "swapped_bytes", "num_recomputed_tokens", "kv_live_tokens")
+
+
+def _step_slots(slot_capacity: int | Mapping[int, int | None] | None, steps: pd.DataFrame
+                ) -> int | np.ndarray | None:
+    """``slot_capacity`` as ``step_sums`` takes it: given per replica, each step's own
+    replica's batch rows (0 where unbounded)."""
+    if not isinstance(slot_capacity, Mapping):
+        return slot_capacity
+    by_replica = np.zeros(max(slot_capacity, default=-1) + 1)
+    for replica, rows in slot_capacity.items():
+        by_replica[replica] = rows or 0
+    return by_replica[steps["replica"].to_numpy(np.int64)] if len(steps) else np.zeros(0)
 
 
 def _no_sums(block_size: int | None) -> dict[str, float]:

@@ -17,8 +17,10 @@ integers, or ``{mean: m, sigma: s}`` / ``{median: m, sigma: s}`` for lognormal):
 - ``think_time_s`` (20.0): mean seconds (exponential) between a turn's arrival and the next's.
   Open loop: the next turn's time does not wait for the answer, so under overload a turn can
   arrive before its predecessor finished and then finds less of its history cached.
-- ``max_context_tokens`` (8192): a conversation ends before a turn whose prompt plus answer
-  would exceed it.
+- ``max_context_tokens`` (8192): a conversation ends before a later turn whose prompt plus
+  answer would exceed it. Its first turn is always kept, as drawn (every conversation has at
+  least one turn; a first turn is one request's prompt and answer, which the deployment's
+  ``limits.max_model_len`` bounds).
 
 Hard caps, checked before anything is drawn: at most ``MAX_TURNS`` turns per conversation and
 at most ``MAX_REQUESTS`` turns in all (``num_conversations`` × the most turns the ``turns``
@@ -141,7 +143,7 @@ def conversations(spec: Mapping[str, Any], rng: np.random.Generator) -> list[Req
         t, history = float(starts[c]), 0
         for turn in range(int(turns[c])):
             prompt, answer = history + int(user[k]), int(out[k])
-            if turn and prompt + answer > max_ctx:
+            if turn and prompt + answer > max_ctx:  # the first turn always runs (docstring)
                 break
             rows.append((t, prompt, answer, f"conv{c}", history))
             history = prompt + answer

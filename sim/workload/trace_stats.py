@@ -5,6 +5,7 @@ simulating it.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -42,12 +43,17 @@ def trace_stats(requests: Sequence[Request] | TraceArrays) -> dict[str, float]:
 
 def format_trace_stats(stats: Mapping[str, float], title: str | None = None) -> str:
     """Human-readable table of ``trace_stats`` output for ``batchsim trace-stats``."""
+    # A rate and a gap spread need two arrivals at different times; a trace of one request (or
+    # of requests all at one instant) is valid input, so say why there is no number, not "nan".
+    why = ("n/a (one request)" if stats["count"] < 2
+           else "n/a (every request arrives at the same time)")
+    rate, cv = stats["mean_rate_per_s"], stats["interarrival_cv"]
     lines = [title] if title else []
     lines += [f"requests         {stats['count']:,}",
               f"span             {stats['span_s']:.1f} s",
-              f"mean rate        {stats['mean_rate_per_s']:.3f} req/s",
+              f"mean rate        {why if math.isnan(rate) else f'{rate:.3f} req/s'}",
               f"peak per minute  {stats['peak_per_min']:,}",
-              f"interarrival cv  {stats['interarrival_cv']:.3f}",
+              f"interarrival cv  {why if math.isnan(cv) else f'{cv:.3f}'}",
               "tokens           mean     median   p90      p99      max"]
     for name in ("prompt", "output"):
         lines.append(f"  {name:<15}" + " ".join(
