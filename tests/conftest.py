@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import sim
+import sim.report  # noqa: F401 - matplotlib's files in batchsim's folder, not the home
 
 settings.register_profile("ci", derandomize=True, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

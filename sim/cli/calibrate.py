@@ -305,6 +305,9 @@ def _scatter(path: Path, title: str,
              points: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
     """Log-log predicted vs measured (ms), one colour per group, y = x and a ±10 % band;
     held-out points filled, training points hollow."""
+    from sim.report.mpl_home import use_own_folder
+
+    use_own_folder()  # matplotlib's files in batchsim's folder, not the home
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
