@@ -138,3 +138,46 @@ SMALL_EXPERIMENT = {
     "policy": {"name": "continuous", "max_num_seqs": 8},
     "output": {"plots": False},
 }
+
+
+def tiny_experiment(name: str = "tiny", num_requests: int = 40) -> str:
+    """A tiny experiment file's text: constant 10 ms steps, 400 KV blocks, continuous batching
+    of up to 8 sequences, uniform lengths, two swept Poisson rates (10 and 40 req/s), no
+    plots: what CLI tests run end to end and edit field by field."""
+    return f"""
+name: {name}
+seed: 1
+cost: {{kind: constant, step_s: 0.01}}
+kv: {{num_blocks: 400, block_size: 16}}
+workload:
+  arrival: {{process: poisson, rate: 20}}
+  num_requests: {num_requests}
+  prompt_tokens: {{dist: uniform, lo: 10, hi: 200}}
+  output_tokens: {{dist: uniform, lo: 2, hi: 30}}
+policy: {{name: continuous, max_num_seqs: 8}}
+sweep:
+  workload.arrival.rate: [10, 40]
+output: {{plots: false}}
+"""
+
+
+def dd1_experiment(step_s: float, output_tokens: int, num_requests: int,
+                   rates: list[float] | None = None) -> str:
+    """A D/D/1 queue as an experiment file's text: constant arrivals, one sequence at a time,
+    fixed lengths, a constant step, unlimited KV (a request takes ``output_tokens`` steps), no
+    plots; ``rates`` swept when given. Capacity tests compare its searches with the closed
+    form."""
+    sweep = f"sweep:\n  workload.arrival.rate: {rates}\n" if rates else ""
+    return f"""
+name: dd1
+cost: {{kind: constant, step_s: {step_s}}}
+kv: {{unlimited: true}}
+workload:
+  arrival: {{process: constant, rate: 5}}
+  num_requests: {num_requests}
+  prompt_tokens: {{dist: fixed, value: 10}}
+  output_tokens: {{dist: fixed, value: {output_tokens}}}
+policy: {{name: continuous, max_num_seqs: 1}}
+{sweep}output: {{plots: false}}
+"""
+

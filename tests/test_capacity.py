@@ -19,24 +19,12 @@ import pytest
 
 from sim.cli.main import main
 from sim.experiments.capacity import CapacityError, parse_slos, run_capacity, search
+from tests.helpers import dd1_experiment
 
 STEP, OUT_TOKENS, N, TTFT_MS = 0.01, 10, 200, 1000.0
 SERVICE = STEP * OUT_TOKENS
 
-DD1 = f"""
-name: dd1
-cost: {{kind: constant, step_s: {STEP}}}
-kv: {{unlimited: true}}
-workload:
-  arrival: {{process: constant, rate: 5}}
-  num_requests: {N}
-  prompt_tokens: {{dist: fixed, value: 10}}
-  output_tokens: {{dist: fixed, value: {OUT_TOKENS}}}
-policy: {{name: continuous, max_num_seqs: 1}}
-sweep:
-  workload.arrival.rate: [1, 2, 3]
-output: {{plots: false}}
-"""
+DD1 = dd1_experiment(STEP, OUT_TOKENS, N, rates=[1, 2, 3])
 
 
 @pytest.fixture

@@ -10,24 +10,11 @@ import pandas as pd
 import pytest
 
 from sim.cli.main import main
+from tests.helpers import tiny_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 
-TINY = """
-name: tiny
-seed: 1
-cost: {kind: constant, step_s: 0.01}
-kv: {num_blocks: 400, block_size: 16}
-workload:
-  arrival: {process: poisson, rate: 20}
-  num_requests: 40
-  prompt_tokens: {dist: uniform, lo: 10, hi: 200}
-  output_tokens: {dist: uniform, lo: 2, hi: 30}
-policy: {name: continuous, max_num_seqs: 8}
-sweep:
-  workload.arrival.rate: [10, 40]
-output: {plots: false}
-"""
+TINY = tiny_experiment()
 
 
 def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:

@@ -18,6 +18,7 @@ import pytest
 from sim.cli.main import main
 from sim.core.errors import InputError
 from sim.experiments.bench_results import vllm_result_json
+from tests.helpers import dd1_experiment
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
@@ -32,18 +33,7 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
 STEP, OUT_TOKENS, N = 0.01, 10, 100
 #: D/D/1 (see test_capacity.py): constant arrivals, one batch row, a constant step, so the p99
 #: TTFT limit L holds up to rate 1 / (S - (L - s) / (0.99 (N - 1))) with S = OUT_TOKENS * STEP.
-DD1 = f"""
-name: dd1
-cost: {{kind: constant, step_s: {STEP}}}
-kv: {{unlimited: true}}
-workload:
-  arrival: {{process: constant, rate: 5}}
-  num_requests: {N}
-  prompt_tokens: {{dist: fixed, value: 10}}
-  output_tokens: {{dist: fixed, value: {OUT_TOKENS}}}
-policy: {{name: continuous, max_num_seqs: 1}}
-output: {{plots: false}}
-"""
+DD1 = dd1_experiment(STEP, OUT_TOKENS, N)
 
 
 @pytest.fixture

@@ -18,25 +18,12 @@ from sim.cli.main import main
 from sim.core.types import Request
 from sim.metrics.stream import step_sums
 from sim.metrics.summary import SUM_INPUTS
+from tests.helpers import tiny_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 
-TINY = """
-name: quickstart
-seed: 1
-cost: {kind: constant, step_s: 0.01}
-kv: {num_blocks: 400, block_size: 16}
-workload:
-  arrival: {process: poisson, rate: 20}
-  num_requests: 12
-  prompt_tokens: {dist: uniform, lo: 10, hi: 200}
-  output_tokens: {dist: uniform, lo: 2, hi: 30}
-policy: {name: continuous, max_num_seqs: 8}
-sweep:
-  workload.arrival.rate: [10, 40]
-output: {plots: false}
-"""
+TINY = tiny_experiment("quickstart", 12)
 
 
 @pytest.fixture(scope="module")
