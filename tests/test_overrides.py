@@ -207,3 +207,28 @@ def test_a_key_below_a_list_or_a_value_says_what_to_set_instead(tmp_path, capsys
     assert main(["run", QUICKSTART, *args, "--out", str(tmp_path / "x"), *CHEAP]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err, err
+
+
+def test_a_block_written_as_its_name_takes_a_key_below_it():
+    # ``policy: static`` is short for ``{name: static}``: --set, --sweep and the file's own
+    # sweep can then reach its parameters (the router's and the decode router's too)
+    raw = {**SMALL, "policy": "static", "router": "random",
+           "parallelism": {"replicas": 2}, "sweep": {"router.name": ["round_robin", "random"]}}
+    _, runs = expand_runs(raw, ["policy.batch_size=4", "router.refresh_s=0.5"])
+    assert [r.config["policy"]["batch_size"] for r in runs] == [4, 4]
+    assert [r.config["policy"]["name"] for r in runs] == ["static", "static"]
+    assert [r.config["router"]["name"] for r in runs] == ["round_robin", "random"]
+    assert {r.config["router"]["refresh_s"] for r in runs} == {0.5}
+    split = {**SMALL, "cluster": {"groups": [{"name": "p", "role": "prefill", "replicas": 1},
+                                             {"name": "d", "role": "decode", "replicas": 1}],
+                                  "decode_router": "random"}}
+    _, runs = expand_runs(split, ["cluster.decode_router.refresh_s=0.25"])
+    assert runs[0].config["cluster"]["decode_router"] == {"name": "random", "refresh_s": 0.25}
+    # any other value stays what it is: a key below it is refused, naming the flag or the
+    # file's sweep, the value and the key
+    with pytest.raises(ConfigError, match=r"^--set workload.arrival.process.x=1: "
+                       r"workload.arrival.process: is not a mapping"):
+        expand_runs(SMALL, ["workload.arrival.process.x=1"])
+    with pytest.raises(ConfigError, match=r"^exp.yaml: sweep: workload.arrival.process: is "
+                       r"not a mapping, cannot set workload.arrival.process.x"):
+        expand_runs({**SMALL, "sweep": {"workload.arrival.process.x": [1]}}, source="exp.yaml")

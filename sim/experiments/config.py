@@ -315,7 +315,10 @@ def expand_runs(raw: dict[str, Any],
             cfg = copy.deepcopy(base)
             cfg["policy"] = copy.deepcopy(spec) if isinstance(spec, dict) else {"name": spec}
             for key, value in combo.items():
-                set_dotted(cfg, key, copy.deepcopy(value))
+                try:
+                    set_dotted(cfg, key, copy.deepcopy(value))
+                except ConfigError as e:
+                    raise ConfigError(f"{source}: sweep: {e}") from None
             if isinstance(cfg["policy"], str):  # a swept ``policy: static``, as the file's
                 cfg["policy"] = {"name": cfg["policy"]}
             if choosing:

@@ -24,6 +24,8 @@ from sim.experiments.yaml_strict import yaml_value
 
 #: The blocks whose entries are swept dotted keys.
 SWEEP_BLOCKS = ("sweep", "zip")
+#: Blocks that may be written as a name alone, short for ``{name: ...}``.
+NAMED_BLOCKS = ("policy", "router", "cluster.decode_router")
 
 
 class ConfigError(InputError):
@@ -31,13 +33,17 @@ class ConfigError(InputError):
 
 
 def set_dotted(data: dict[str, Any], path: str, value: Any) -> None:
-    """Set ``data[a][b][c] = value`` for ``path`` 'a.b.c', creating mappings as needed."""
+    """Set ``data[a][b][c] = value`` for ``path`` 'a.b.c', creating mappings as needed. A block
+    written as its name alone (``policy: static``, ``router: random``) is the mapping
+    ``{name: ...}`` it stands for, so a key below it can be set (``policy.batch_size``)."""
     parts = path.split(".")
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
         if child is None:
             child = node[part] = {}
+        elif isinstance(child, str) and ".".join(parts[:i + 1]) in NAMED_BLOCKS:
+            child = node[part] = {"name": child}
         if not isinstance(child, dict):
             raise ConfigError(f"{'.'.join(parts[:i + 1])}: is not a mapping, cannot set {path}")
         node = child
@@ -180,7 +186,10 @@ def apply_override(data: dict[str, Any], key: str, value: Any, text: str,
                 values = block.pop(swept)  # type: ignore[union-attr]
                 notes.append(f"{text} replaces the sweep of {swept} ({name}: {_show(values)})")
         _drop_empty(data, name)
-    set_dotted(data, key, value)
+    try:
+        set_dotted(data, key, value)
+    except ConfigError as e:
+        raise ConfigError(f"{text}: {e}") from None
 
 
 def apply_overrides(data: dict[str, Any],
