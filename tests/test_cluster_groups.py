@@ -2,6 +2,8 @@
 policy and KV behind one router, validated key by key, with a summary per group."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -188,3 +190,16 @@ def test_parallelism_replicas_beside_a_cluster_is_said_to_be_unused() -> None:
     notes.clear()
     expand_runs({**raw, "parallelism": {"tp": 1}}, notify=notes.append)
     assert notes == []
+
+
+def test_num_replicas_beside_a_cluster_is_noted_not_silently_dropped() -> None:
+    reqs = workload(40)
+    groups = {"groups": [{"name": "all", "replicas": 2}]}
+    with pytest.warns(UserWarning, match=r"num_replicas \(3\) is not used: the cluster's "
+                      "groups set the replicas"):
+        noted = sim.simulate(reqs, cost=COST, cluster=groups, num_replicas=3)
+    assert noted.groups["replicas"].tolist() == [2]  # the groups' replicas run
+    assert sorted(noted.requests["replica"].unique()) == [0, 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default num_replicas says nothing
+        sim.simulate(reqs, cost=COST, cluster=groups)

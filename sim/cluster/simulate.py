@@ -10,6 +10,7 @@ any other router the replicas run on the general engine, driven from outside
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping, Sequence, Sized
 from typing import Any
 
@@ -81,7 +82,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost
     ``routers``). ``cluster`` (``{"groups": [...]}``, the YAML ``cluster:`` block) makes a
     heterogeneous deployment (``sim.cluster.groups``): ``policy`` (``None``: ``DEFAULT_POLICY``,
     as a YAML without ``policy:``), ``cost`` and ``kv`` are
-    then the defaults of groups that leave them out, and ``num_replicas`` is not used.
+    then the defaults of groups that leave them out, and ``num_replicas`` is not used (a
+    value other than 1 is noted, a ``UserWarning``).
     Every other argument is the engine's.
     """
     unknown = sorted(set(options) - ENGINE_OPTIONS)
@@ -94,6 +96,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost
     if policy is None:  # what a YAML without ``policy:`` runs
         policy = DEFAULT_POLICY
     if cluster is not None:
+        if num_replicas != 1:  # as the YAML's parallelism.replicas beside a cluster block
+            warnings.warn(f"num_replicas ({num_replicas!r}) is not used: the cluster's groups "
+                          "set the replicas", UserWarning, stacklevel=2)
         return _simulate_cluster(requests, policy, cost, kv, seed, router, cluster,
                                  options.pop("cost_keys", None), options)
     if router is None:

@@ -199,7 +199,9 @@ def simulate_config(config: dict[str, Any], base_dir: Path | None,
     slos = {k: v for k, v in config["slos"].items() if v is not None}
     try:
         return simulate(requests, policy=config["policy"], cost=cost, kv=kv_spec(config),
-                        seed=config["seed"], num_replicas=config["parallelism"]["replicas"],
+                        seed=config["seed"],
+                        # beside a cluster block, parallelism.replicas was noted once already
+                        num_replicas=1 if cluster else config["parallelism"]["replicas"],
                         router=config.get("router"), **cluster,
                         warmup_s=config["metrics"]["warmup_s"],
                         cooldown_s=config["metrics"]["cooldown_s"], slos=slos or None,
