@@ -43,6 +43,12 @@ class SessionAffinity(Router):
                      f"must be >= 1, got {self.max_load_ratio!r}")
         self._home: dict[str, int] = {}
 
+    def start(self, num_replicas: int, rng: np.random.Generator) -> None:
+        """No session has a home yet: a router object passed to several runs routes each
+        alike (a home kept from a run over more replicas was an IndexError)."""
+        super().start(num_replicas, rng)
+        self._home = {}
+
     def route(self, request: Arrival, loads: Sequence[ReplicaLoad]) -> int:
         """The session's home unless it is overloaded; else the fallback's choice."""
         metric = FALLBACKS[self.fallback]

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
 from routers.base import Router, apply_rule, check_metric, lightest, register
 from sim.core import load_arrays as la
 from sim.core.routing import Arrival, ReplicaLoad
@@ -28,8 +30,15 @@ from sim.core.routing import Arrival, ReplicaLoad
 class RoundRobin(Router):
     """Replicas in turn, by arrival order."""
 
+    reads_loads: ClassVar[bool] = False
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._next = 0
+
+    def start(self, num_replicas: int, rng: np.random.Generator) -> None:
+        """Start at replica 0: a router object passed to several runs routes each alike."""
+        super().start(num_replicas, rng)
         self._next = 0
 
     def route(self, request: Arrival, loads: Sequence[ReplicaLoad]) -> int:
@@ -43,6 +52,8 @@ class RoundRobin(Router):
 @dataclass
 class Random(Router):
     """A uniformly random replica."""
+
+    reads_loads: ClassVar[bool] = False
 
     def route(self, request: Arrival, loads: Sequence[ReplicaLoad]) -> int:
         """A replica drawn from the run's generator."""

@@ -38,6 +38,9 @@ class Router:
     #: compiled router may apply it itself; read from the class that declares it, so a
     #: subclass with its own ``route`` is never mistaken for it); ``NO_RULE`` otherwise.
     rule: ClassVar[int] = la.NO_RULE
+    #: Whether ``route`` reads the replicas' loads (round robin and random do not: a
+    #: ``refresh_s`` then has nothing to make stale, and is refused rather than ignored).
+    reads_loads: ClassVar[bool] = True
     refresh_s: float = 0.0
     latency_s: float = 0.0
 
@@ -45,6 +48,9 @@ class Router:
         for key in ("refresh_s", "latency_s"):
             value = getattr(self, key)
             self.require(value >= 0, key, f"must be a number of seconds >= 0, got {value!r}")
+        self.require(self.reads_loads or not self.refresh_s, "refresh_s",
+                     f"has no effect: {self.name} reads no load signals, so there is nothing "
+                     f"to refresh; drop it, got {self.refresh_s!r}")
         self.num_replicas = 0
         self.rng = np.random.default_rng(0)
 

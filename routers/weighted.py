@@ -9,7 +9,8 @@ weighted sum wins (ties: fewest outstanding requests, then lowest index). Scorer
 - ``prefix``: share of the request's prefix hashes the replica is believed to hold
   (``routers.prefix_index``; the router records every chain it routes).
 
-``scorers`` maps scorer names to weights >= 0, e.g. ``{queue: 1, prefix: 2}``.
+``scorers`` maps scorer names to weights >= 0, at least one of them > 0, e.g. ``{queue: 1,
+prefix: 2}``; ``index_blocks`` sizes the prefix scorer's index (refused without that scorer).
 """
 from __future__ import annotations
 
@@ -52,8 +53,17 @@ class Weighted(Router):
                     and 0 <= weight < float("inf"))
             self.require(good, f"scorers.{name}", f"weight must be a number >= 0, got "
                          f"{weight!r}")
+        # all weights 0: every replica scores 0 and the tie-break alone (fewest requests)
+        # routes, which is least_outstanding_requests under another name
+        self.require(any(w > 0 for w in self.scorers.values()), "scorers", "needs a scorer "
+                     f"with a weight > 0, got {dict(self.scorers)!r}")
         self.require(self.index_blocks >= 1, "index_blocks", f"must be >= 1, got "
                      f"{self.index_blocks}")
+        default = type(self).__dataclass_fields__["index_blocks"].default
+        # only the prefix scorer reads the index: a size given without it would be ignored
+        self.require(self.index_blocks == default or self.scorers.get("prefix", 0) > 0,
+                     "index_blocks", f"has no effect: only the prefix scorer reads it, and "
+                     f"scorers gives it no weight; got {self.index_blocks}")
         self.index = PrefixIndex(0, self.index_blocks)
 
     def start(self, num_replicas: int, rng: np.random.Generator) -> None:

@@ -52,14 +52,22 @@ def _sweeps(texts: list[str]) -> dict[str, list] | None:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """``batchsim plot DIR``: redraw plots and report.md from a finished output folder."""
-    from sim.experiments.outdir import OutputLock
-    from sim.report.markdown import regenerate
+    from sim.experiments.outdir import LOCK_NAME, OutputLock, clean_temp_files
+    from sim.report.markdown import check_output_folder, regenerate
 
     folder = Path(args.dir)
     try:
         if not folder.is_dir():
-            raise FileNotFoundError(f"{folder}: no such folder")
-        with OutputLock(folder):
+            raise FileNotFoundError(f"{folder}: " + ("not a folder" if folder.exists()
+                                                      else "no such folder"))
+        if not (folder / LOCK_NAME).exists():
+            # checked before a lock file is created: it would mark a user's folder as
+            # batchsim's (a folder that has one is busy, or batchsim's: the lock says which)
+            check_output_folder(folder)
+        with OutputLock(folder, flag="plot"):
+            # a command killed while drawing left temporaries: the next command on the
+            # folder removes them, this one too (the docs' promise; run and capacity do)
+            clean_temp_files(folder)
             regenerate(folder)
     except FileNotFoundError as e:  # a file of the folder vanished: the user's folder is bad
         raise InputError(str(e)) from None
@@ -76,7 +84,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     from sim.experiments.config import ConfigError
     from sim.experiments.outdir import finished_summary
-    from sim.experiments.results import TEMP_MARK, read_table
+    from sim.experiments.results import TABLE_SUFFIXES, TEMP_MARK, read_table
+    from sim.metrics.stream import is_bucketed
     from sim.report.trace_export import check_trace_target, export_chrome_trace
 
     folder = Path(args.run_dir)
@@ -86,7 +95,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
         # a (mistyped) run id inside <out>/runs/, whose siblings are the runs.
         runs = folder / "runs" if (folder / "runs").is_dir() or folder.parent.name != "runs" \
             else folder.parent
-        done = sorted(p.name for p in runs.glob("*") if (p / "summary.json").is_file()) \
+        if not runs.is_dir() and folder.name == "runs":  # given OUT/runs itself
+            runs = folder
+        # finished by the rule the trace itself applies: a damaged run (the one asked for,
+        # say) is not offered as finished
+        done = sorted(p.name for p in runs.glob("*") if finished_summary(p) is not None) \
             if runs.is_dir() else []
         hint = (f"; finished runs in {runs}: " + ", ".join(done[:20])
                 + (f" (and {len(done) - 20} more)" if len(done) > 20 else "")) if done else ""
@@ -110,8 +123,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
             raise  # the machine's state, not the path: exit 1 as any environment failure
         raise InputError(f"cannot write the trace there: {e.strerror or e}",
                          field=f"--out {target}") from None
-    path = export_chrome_trace(read_table(folder / "steps"), target,
-                               read_table(folder / "requests"))
+    steps = read_table(folder / "steps")
+    if is_bucketed(steps):  # name the run's table, not the trace that was never written
+        table = next((folder / f"steps{s}" for s in TABLE_SUFFIXES
+                      if (folder / f"steps{s}").exists()), folder / "steps.parquet")
+        raise InputError("a bucketed step table (metrics.step_table: buckets) has no single "
+                         "steps to export; re-run the experiment with --set "
+                         "metrics.step_table=full for a trace", source=str(table))
+    path = export_chrome_trace(steps, target, read_table(folder / "requests"))
     print(f"wrote {path} (open it in ui.perfetto.dev or chrome://tracing)")
     return 0
 

@@ -70,10 +70,10 @@ class DisaggDriver:
     def run(self, reqs: Sequence[Request], rngs: tuple[np.random.Generator, np.random.Generator]
             ) -> TransferLog:
         """Serve ``reqs`` (in arrival order) to the end; return what their KV did."""
-        for r in (self.router, self.decode_router):
-            if r.latency_s > 0:
+        for r, where in ((self.router, "router"), (self.decode_router, "cluster.decode_router")):
+            if r.latency_s > 0:  # ``check_no_latency`` refuses it first, from the YAML or Python
                 raise InputError("routing latency is not modelled with disaggregation yet",
-                                 field="router.latency_s")
+                                 field=f"{where}.latency_s")
         n_p, n_d = len(self.prefill), len(self.decode)
         self.router.start(n_p, rngs[0])
         self.decode_router.start(n_d, rngs[1])
@@ -153,6 +153,9 @@ class DisaggDriver:
             if later is None and self._break_stall(now):
                 now = math.nextafter(now, math.inf)  # where the replicas were planned to
                 continue  # a decode replica gave KV back: it plans again
+            if later is None and closed and self._close_prefill():
+                now = math.nextafter(now, math.inf)  # where the replicas were planned to
+                continue  # a policy holding a partial batch for more arrivals now runs it
             if later is None and any(rep.done for rep in everyone):
                 break  # cut short (limits.horizon_s or wall_clock_s): the run is partial
             if later is None:
@@ -171,6 +174,18 @@ class DisaggDriver:
             rep.close()
         for rep in everyone:
             rep.advance_until(math.inf)
+
+    def _close_prefill(self) -> bool:
+        """Close every prefill replica that is still open, at a stall after the last arrival
+        was routed: one is closed above only once empty, so a policy that waits for a full
+        batch while arrivals may come (``static`` without a timeout) held its last partial
+        batch forever (the run ended in "stalled"). True when one was closed: it plans again
+        at once, as an admission would make it. Only runs that stalled take this path."""
+        opened = [rep for rep in self.prefill if not rep.closed]
+        for rep in opened:
+            rep.close()
+            rep.wake()
+        return bool(opened)
 
     def num_done(self) -> int:
         """Requests finished or rejected so far, wherever they ended (a progress display

@@ -103,10 +103,11 @@ def run_disagg(reqs: list[Request], groups: list[Group], router: Router, decode_
     per_token = []
     for g in owner[:n_p]:
         nbytes = replica_kv_bytes_per_token(g.kv if isinstance(g.kv, Mapping) else {}, g.cost)
-        if nbytes is None:
+        if nbytes is None:  # named by the group's index, as every other group key is
+            k = next(i for i, o in enumerate(groups) if o is g)
             raise InputError("a KV transfer needs the KV bytes per token: set "
                              "kv.kv_bytes_per_token with an analytic cost model",
-                             field="cluster.groups[].kv.kv_bytes_per_token")
+                             field=f"cluster.groups[{k}].kv.kv_bytes_per_token")
         per_token.append(float(nbytes))
     nvlink = [getattr(getattr(g.cost, "gpu", None), "interconnect", None) for g in owner]
     bidir = [ic.nvlink_gbps for ic in nvlink if ic is not None and ic.nvlink_gbps > 0]

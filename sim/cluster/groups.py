@@ -79,8 +79,9 @@ class Group:
 
 
 def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
-                 cost_keys: Mapping[str, Any] | None) -> list[Group]:
-    """Validate a ``cluster`` block and build each group's cost model.
+                 cost_keys: Mapping[str, Any] | None, router: Any = None) -> list[Group]:
+    """Validate a ``cluster`` block and build each group's cost model (``router``: the
+    experiment's router spec or ``Router``, checked against a disaggregated cluster).
 
     A group's cost model is built from its (or the experiment's) ``model``, ``hardware``,
     ``tp`` and ``engine`` when ``cost_keys`` gives the experiment's values (the YAML path);
@@ -93,6 +94,9 @@ def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
     extra = sorted(str(k) for k in set(cluster) - set(accepted))
     if extra:
         raise unknown_key(extra[0], accepted, f"cluster.{extra[0]}")
+    label = cluster.get("label")
+    if isinstance(label, str) and not label.strip():  # it names the deployment's rows
+        raise InputError("expected a non-empty label (or none)", field="cluster.label")
     groups = cluster.get("groups")
     if not isinstance(groups, list) or not groups or len(groups) > MAX_GROUPS:
         raise InputError(f"expected a list of 1 to {MAX_GROUPS} groups", field="cluster.groups")
@@ -104,13 +108,21 @@ def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
         given = dict(raw)
         ready = given.pop("cost", None)
         g = validate_fields(given, GROUP_FIELDS, where + ".")
+        if not g["name"].strip():  # the requests table's ``group``, the groups table's key
+            raise InputError("must be a non-empty name", field=f"{where}.name")
         if any(o.name == g["name"] for o in out):
             raise InputError(f"duplicate group name {g['name']!r}", field=f"{where}.name")
         try:
             group_cost, hardware = _group_cost(g, ready, cost, cost_keys)
         except InputError as e:
             raise InputError(e.problem, field=f"{where}.{e.field or 'hardware'}") from None
-        tp = g["tp"] if g["tp"] is not None else int(getattr(group_cost, "tp", 1))
+        built_tp = getattr(group_cost, "tp", None)
+        if g["tp"] is not None and built_tp is not None and int(built_tp) != g["tp"]:
+            # a ready cost model's own TP degree: a ``tp`` beside it would count GPUs (and
+            # place KV on links) for a replica the cost model does not price
+            raise InputError(f"tp={g['tp']} does not match the group's cost model, built for "
+                             f"tp={built_tp}", field=f"{where}.tp")
+        tp = g["tp"] if g["tp"] is not None else int(built_tp or 1)
         group = Group(g["name"], g["replicas"], group_cost,
                       g["policy"] if g["policy"] is not None else policy,
                       g["kv"] if g["kv"] is not None else kv, g["weight"], hardware,
@@ -118,7 +130,12 @@ def parse_groups(cluster: Any, *, policy: Any, kv: Any, cost: CostModel | None,
         _check_group(group, where, own_policy=g["policy"] is not None,
                      own_kv=g["kv"] is not None)
         out.append(group)
-    check_roles(cluster, out)
+    total = sum(g.replicas for g in out)
+    most = GROUP_FIELDS["replicas"].maximum
+    if total > most:  # the bound of parallelism.replicas (and of one group) on the whole fleet
+        raise InputError(f"{total} replicas in all; a cluster has at most {most}",
+                         field="cluster.groups")
+    check_roles(cluster, out, router)
     return out
 
 
@@ -144,9 +161,10 @@ def _check_group(group: Group, where: str, *, own_policy: bool, own_kv: bool) ->
         raise InputError(e.problem, field=f"{where}.{e.field or 'kv'}") from None
 
 
-def check_roles(cluster: Mapping[str, Any], groups: list[Group]) -> None:
+def check_roles(cluster: Mapping[str, Any], groups: list[Group], router: Any = None) -> None:
     """Roles are all ``mixed``, or prefill and decode groups (both present, nothing mixed);
-    ``decode_router`` and ``network`` belong to the latter."""
+    ``decode_router`` and ``network`` belong to the latter, whose routers (``router``, the
+    experiment's, and ``decode_router``) take no routing latency."""
     extra = {k: v for k, v in validate_fields(
         {k: v for k, v in cluster.items() if k != "groups"}, CLUSTER_FIELDS,
         "cluster.").items() if v is not None and k != "label"}
@@ -165,7 +183,8 @@ def check_roles(cluster: Mapping[str, Any], groups: list[Group]) -> None:
         k = next(i for i, g in enumerate(groups) if g.role == "mixed")
         raise InputError("mixed groups cannot be combined with prefill/decode ones",
                          field=f"cluster.groups[{k}].role")
-    decode_router(cluster)
+    check_no_latency(router, decode_router(cluster))
+    check_same_model(groups)
     from sim.cluster.kv_links import build_topology
 
     # the placement rule itself (a replica within one node), prefill groups' replicas first
@@ -186,6 +205,45 @@ def decode_router(cluster: Mapping[str, Any]) -> Any:
         raise InputError(e.problem, field=f"cluster.decode_{e.field or 'router'}") from None
 
 
+def check_no_latency(router: Any, decode: Any) -> None:
+    """Refuse a routing latency on either router of a disaggregated cluster before anything
+    runs (the driver does not model requests in transit to a prefill or decode replica; the
+    run itself used to fail on it, after the preflight, naming ``router.latency_s`` for both).
+    ``router``: the experiment's spec or ``Router`` (``None``: round robin); ``decode``: the
+    built decode router."""
+    from routers import make_router
+
+    main = make_router(router) if router is not None else None
+    for built, where in ((main, "router"), (decode, "cluster.decode_router")):
+        if built is not None and built.latency_s > 0:
+            raise InputError("routing latency is not modelled with disaggregation yet",
+                             field=f"{where}.latency_s")
+
+
+def check_same_model(groups: Sequence[Group]) -> None:
+    """Every prefill and decode group serves one model: a prefill replica's KV cache is
+    decoded elsewhere, which only the same model's weights can do (another model's KV has
+    other layers and heads; such a cluster ran, sending one model's bytes to the other).
+    Cost models without a model (analytic ones) are not compared."""
+    first = next((g for g in groups if getattr(g.cost, "model", None) is not None), None)
+    if first is None:
+        return
+    ref = first.cost.model  # type: ignore[attr-defined]
+    for k, g in enumerate(groups):
+        model = getattr(g.cost, "model", None)
+        if model is not None and model != ref:
+            raise InputError(f"group {g.name!r} serves {_model_name(model)} but group "
+                             f"{first.name!r} serves {_model_name(ref)}: a disaggregated "
+                             "cluster's prefill and decode groups must serve the same model "
+                             "(the decode side reads the prefill side's KV cache)",
+                             field=f"cluster.groups[{k}].model")
+
+
+def _model_name(model: Any) -> str:
+    """How a model reads in a message: its name, else its repr."""
+    return repr(getattr(model, "name", model))
+
+
 def is_disaggregated(groups: Sequence[Group]) -> bool:
     """True when the groups split prefill and decode (``check_roles`` has passed)."""
     return any(g.role != "mixed" for g in groups)
@@ -193,10 +251,16 @@ def is_disaggregated(groups: Sequence[Group]) -> bool:
 
 def _group_cost(g: dict[str, Any], ready: Any, cost: CostModel | None,
                 cost_keys: Mapping[str, Any] | None) -> tuple[CostModel, str]:
-    """The cost model of one group, and the name of its GPU ('' when unnamed)."""
+    """The cost model of one group, and the name of its GPU ('' when unnamed).
+
+    From Python (``cost_keys`` is ``None``) a group that sets some of ``COST_KEYS`` takes the
+    others from the ``cost`` argument when it is a roofline (``python_cost_keys``), as a YAML
+    group takes the experiment's; a ready ``cost`` of the group's own is used as it is, so
+    the keys that would build another one are refused beside it rather than ignored."""
     if ready is not None:
         if not callable(getattr(ready, "step", None)):
             raise InputError("expected a cost model (with a step method)", field="cost")
+        _check_ready(g, ready)
         return ready, str(g["hardware"] or "")
     if cost_keys is None and not any(g[k] is not None for k in COST_KEYS):
         if cost is None:
@@ -204,10 +268,56 @@ def _group_cost(g: dict[str, Any], ready: Any, cost: CostModel | None,
         return cost, ""
     from sim.cost.roofline import build_cost_model
 
-    keys = inherit(g, cost_keys or {})
+    keys = inherit(g, cost_keys if cost_keys is not None else python_cost_keys(cost, g))
     if "model" not in keys or "hardware" not in keys:
-        raise InputError("needs a model and a hardware profile", field="hardware")
-    return build_cost_model(**keys), str(keys["hardware"])
+        raise InputError("needs a model and a hardware profile (or a cost model of its own)",
+                         field="model" if "model" not in keys else "hardware")
+    return build_cost_model(**keys), _gpu_name(keys["hardware"])
+
+
+def _check_ready(g: Mapping[str, Any], ready: Any) -> None:
+    """A group's ready cost model prices its replicas; ``model`` and ``engine`` beside it
+    would be ignored, and a ``hardware`` other than its GPU would only mislabel the group."""
+    for key in ("model", "engine"):
+        if g[key] is not None:
+            raise InputError(f"{g[key]!r} is not used: the group's own cost model sets its "
+                             f"{key}; drop one of them", field=key)
+    gpu = getattr(ready, "gpu", None)
+    if g["hardware"] is None or gpu is None:  # an analytic cost model: ``hardware`` names it
+        return
+    from sim.cost.profiles import load_gpu
+
+    try:  # by the profile it names (a built-in name or a file), not by its spelling
+        same = load_gpu(g["hardware"]) == gpu
+    except InputError:
+        same = False
+    if not same:
+        raise InputError(f"{g['hardware']!r} does not match the group's cost model, built for "
+                         f"{_gpu_name(gpu)!r}", field="hardware")
+
+
+def python_cost_keys(cost: Any, group: Mapping[str, Any]) -> dict[str, Any]:
+    """The cost keys a Python group that sets some of them takes from ``simulate``'s ``cost``:
+    a roofline's model, GPU, TP, engine and dtypes (none from an analytic cost model, or from
+    a roofline built with parameter overrides, which another GPU or TP would not keep)."""
+    from sim.cost.roofline import CostParams, RooflineCost
+
+    if not isinstance(cost, RooflineCost):
+        return {}
+    if cost.params != CostParams.of(cost.gpu, cost.engine, cost.tp):
+        own = next(k for k in COST_KEYS if group.get(k) is not None)
+        raise InputError(f"simulate's cost argument has parameter overrides, which this group "
+                         f"cannot take over with its own {own}: give the group a cost model "
+                         "of its own", field=own)
+    return {"model": cost.model, "hardware": cost.gpu, "tp": cost.tp, "engine": cost.engine,
+            "weight_dtype": cost.weight_dtype, "kv_dtype": cost.kv_dtype}
+
+
+def _gpu_name(hardware: Any) -> str:
+    """A GPU's name: a profile's ``name``, a name or path as given, '' for none."""
+    if hardware is None:
+        return ""
+    return str(getattr(hardware, "name", hardware))
 
 
 def inherit(group: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:

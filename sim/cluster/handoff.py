@@ -117,6 +117,20 @@ class GeneralSide:  # noqa: PLR0904 - the calls of the hand-off protocol
         """``Replica.close``."""
         self.rep.close()
 
+    @property
+    def closed(self) -> bool:
+        """``close`` was called: its policy sees no more arrivals."""
+        return not self.rep.accepting
+
+    def wake(self) -> None:
+        """An idle replica plans again where it was advanced to (after ``close``, a policy
+        that waited for more arrivals may now run what it holds), as an admission makes it."""
+        rep = self.rep
+        if rep.flight is None and rep.advanced_s > rep.clock:
+            rep.clock = rep.advanced_s
+        if rep.flight is None and not rep.done:
+            rep.idle = False
+
     def router_load(self, now_s: float, weight: float = 1.0, group: str = "") -> ReplicaLoad:
         """``sim.cluster.loads.replica_load``."""
         return replica_load(self.rep, now_s, weight, group)

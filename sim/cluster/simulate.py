@@ -26,6 +26,7 @@ from sim.cluster.routed import RoutingLog, run_routed
 from sim.core.arrays import TraceArrays
 from sim.core.errors import InputError
 from sim.core.types import Request
+from sim.engine.inputs import check_run_args
 from sim.engine.replica import Replica
 from sim.engine.simulate import SimResult
 from sim.engine.simulate import simulate as simulate_replicas
@@ -96,6 +97,9 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Any = None, cost
     if policy is None:  # what a YAML without ``policy:`` runs
         policy = DEFAULT_POLICY
     if cluster is not None:
+        # checked here as the engine checks them: the cluster path seeds its routers itself
+        # (``router_rng``), and a negative seed was numpy's ValueError, not an InputError
+        check_run_args(seed, num_replicas)
         if num_replicas != 1:  # as the YAML's parallelism.replicas beside a cluster block
             warnings.warn(f"num_replicas ({num_replicas!r}) is not used: the cluster's groups "
                           "set the replicas", UserWarning, stacklevel=2)
@@ -131,8 +135,9 @@ def _simulate_cluster(requests: Sequence[Request] | TraceArrays, policy: Any, co
     # groups of mixed replicas take the general engine; disaggregated pools the compiled
     # interpreter where it covers them (``sim.cluster.disagg_run.engine_blocker``)
     fast_path = options.pop("fast_path", True)
-    groups = parse_groups(cluster, policy=policy, kv=kv, cost=cost, cost_keys=cost_keys)
     chosen = make_router(router if router is not None else "round_robin")
+    groups = parse_groups(cluster, policy=policy, kv=kv, cost=cost, cost_keys=cost_keys,
+                          router=chosen)
     disagg = None
     if is_disaggregated(groups):
         disagg = {"decode_router": decode_router(cluster), "network": cluster.get("network"),

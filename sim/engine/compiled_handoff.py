@@ -115,6 +115,21 @@ class HandoffCompiled(DrivenCompiled):
             self.row[req.id] = k
             self.ids.append(req.id)
 
+    @property
+    def closed(self) -> bool:
+        """``close`` was called: its policy sees no more arrivals."""
+        return self._closed
+
+    def wake(self) -> None:
+        """``GeneralSide.wake``: an idle replica plans again where it was advanced to (once
+        closed, too: ``_poke`` leaves a closed one to ``advance_until``)."""
+        self._changed()
+        if self._idle:
+            st_f = self.rep.st_f
+            st_f[0] = max(st_f[0], self.advanced_s)
+            self._now = float(st_f[0])
+            self._idle = self._straddle = False
+
     def _poke(self) -> None:
         """A hand-off call changed the replica: an idle one plans again where it was advanced
         to (``sim.engine.drive.release_held``, ``land_kv``)."""

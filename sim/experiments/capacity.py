@@ -19,6 +19,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -26,8 +27,8 @@ from typing import Any, overload
 
 import pandas as pd
 
-from sim.core.errors import InputError
-from sim.core.fields import is_real
+from sim.core.errors import EnvironmentFailure, InputError
+from sim.core.fields import check_flags, is_real
 from sim.experiments.config import (
     RunSpec,
     config_path,
@@ -38,7 +39,7 @@ from sim.experiments.config import (
 )
 from sim.experiments.executors import check_jobs
 from sim.experiments.fleet import cost_per_mtok, fleet, fleet_label
-from sim.experiments.results import read_json, write_json, write_text
+from sim.experiments.results import plain_data, read_json, write_json, write_text
 from sim.experiments.runner import build_requests, pin_inputs, run_id, simulate_config
 from sim.experiments.slo import PER_REQUEST, CapacityError, Slos, fmt_value, parse_slos
 
@@ -205,13 +206,22 @@ def search(start: float, tolerance: float, width: int,
     return Outcome(lo, hi, "found")
 
 
-def _cached(path: Path) -> dict[str, Any] | None:
-    """A cached probe summary, or ``None`` when absent or damaged (then it is redone)."""
+#: Entries every probe summary has that the search reads (stability, near idle), beside the
+#: SLOs' own columns: a cached file without them is not a probe summary.
+PROBE_KEYS = ("num_unfinished", "num_rejected", "busy_fraction")
+
+
+def _cached(path: Path, needed: Iterable[str] = PROBE_KEYS) -> dict[str, Any] | None:
+    """A cached probe summary, or ``None`` when absent or damaged (then it is redone): not
+    JSON, not an object, or without one of the ``needed`` entries (an edited or foreign file
+    would otherwise pass as a probe that failed every SLO, or one that was stable)."""
     try:
         data = read_json(path)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict) or any(k not in data for k in needed):
+        return None
+    return data
 
 
 @dataclass
@@ -230,7 +240,8 @@ class _Prober:
     def summaries(self, t: Target, rates: list[float]) -> list[dict[str, Any]]:
         """The summary of each probe, simulated (in parallel with a pool) unless cached."""
         paths = [self.folder / "probes" / f"{run_id(t.at(r))}.json" for r in rates]
-        cached = [_cached(p) for p in paths]
+        needed = (*PROBE_KEYS, *self.slos.columns())
+        cached = [_cached(p, needed) for p in paths]
         todo = [(t.at(r), self.base_dir) for r, c in zip(rates, cached, strict=True)
                 if c is None]
         new = iter(self.pool.map(probe, *zip(*todo, strict=True)) if self.pool and todo
@@ -238,7 +249,14 @@ class _Prober:
         out = []
         for path, c in zip(paths, cached, strict=True):
             if c is None:
-                c = next(new)
+                try:
+                    c = next(new)
+                except BrokenProcessPool:  # a worker killed (the OOM killer): not a bug
+                    raise EnvironmentFailure(
+                        "a --jobs worker process died while it probed (the usual cause is the "
+                        "out-of-memory killer); the probes done so far are kept in "
+                        f"{self.folder / 'probes'}: re-run, with a lower --jobs, to resume"
+                        ) from None
                 write_json(path, c)
             out.append(c)
         return out
@@ -347,6 +365,8 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
     if not is_real(tolerance) or not 0.001 <= tolerance <= 0.5:
         raise CapacityError(f"--tolerance: must be a number in [0.001, 0.5], got {tolerance!r}")
     jobs = check_jobs(jobs)
+    check_flags(quiet=quiet)  # run_experiment's rule: quiet="no" is not a silent yes
+    overrides, sweeps = plain_data(overrides), plain_data(sweeps)  # as run_experiment does
     path = config_path(config)
     slos = parse_slos(slo, attainment)
     base, targets = find_targets(
@@ -357,17 +377,54 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
               str(path))
     folder = output_folder(out, base["name"], str(path), suffix="-capacity",
                            subfolder="probes")
+    record = search_record(path, overrides, sweeps, slos, tolerance)
     with OutputLock(folder):
-        return _search_all(base, targets, folder, base_dir, slos, tolerance, jobs, quiet)
+        return _search_all(base, targets, folder, base_dir, slos, tolerance, jobs, quiet,
+                           record)
+
+
+def search_record(path: Path, overrides: Iterable[str] | Mapping[str, Any] | None,
+                  sweeps: Mapping[str, Any] | None, slos: Slos, tolerance: float
+                  ) -> dict[str, Any]:
+    """What ``capacity.yaml`` records of a search: the experiment as loaded and everything
+    that decides the answer (``outdir.CAPACITY_DEFINING``), as YAML reads it back, so a
+    re-run of the same search compares equal (a resume) and any other search does not."""
+    import yaml
+
+    record = {"source": str(path), "base_dir": str(path.resolve().parent),
+              "overrides": dict(overrides) if isinstance(overrides, Mapping)
+              else list(overrides or []),
+              **({"sweeps": dict(sweeps)} if sweeps else {}),
+              "slos": {"percentiles": slos.percentiles, "per_request": slos.per_request,
+                       "attainment": slos.attainment},
+              "tolerance": tolerance, "experiment": load_yaml(path)}
+    loaded: dict[str, Any] = yaml.safe_load(yaml.safe_dump(record, sort_keys=False))
+    return loaded
 
 
 def _search_all(base: dict[str, Any], targets: list[Target], folder: Path, base_dir: str,
-                slos: Slos, tolerance: float, jobs: int, quiet: bool) -> pd.DataFrame:
+                slos: Slos, tolerance: float, jobs: int, quiet: bool,
+                record: dict[str, Any]) -> pd.DataFrame:
     """``run_capacity`` once the output folder is checked and locked."""
+    import yaml
+
     from sim.experiments.executors import stop_pool, worker_init
-    from sim.experiments.outdir import clean_temp_files
+    from sim.experiments.outdir import (
+        CAPACITY_DEFINING,
+        CAPACITY_OUTPUTS,
+        clean_temp_files,
+        keep_previous_outputs,
+    )
 
     clean_temp_files(folder)
+    # another search's answer (other SLOs, tolerance, overrides) is moved aside, never
+    # replaced; re-running the same search is a resume and moves nothing
+    kept = keep_previous_outputs(folder, record, CAPACITY_OUTPUTS, CAPACITY_DEFINING)
+    if kept is not None and not quiet:
+        print(f"batchsim: {folder} held the answer of another capacity search: its "
+              f"capacity.csv and search.csv are kept in {kept} (the probes stay shared in "
+              f"{folder / 'probes'})", file=sys.stderr)
+    write_text(folder / "capacity.yaml", yaml.safe_dump(record, sort_keys=False))
     show = (lambda *a, **k: None) if quiet else print
     show(f"capacity: {base['name']}: {len(targets)} search(es) over {targets[0].key}; pass = "
          f"every request finished and {slos.describe()}")

@@ -16,8 +16,10 @@ from typing import Any
 
 import pandas as pd
 
+from sim.core.fields import check_flags, is_integer
 from sim.experiments.capacity import run_capacity
 from sim.experiments.config import config_path, expand_runs, load_yaml
+from sim.experiments.outdir import check_name
 from sim.experiments.results import write_text
 from sim.experiments.slo import CapacityError
 
@@ -45,6 +47,9 @@ def run_split(config: str | Path, num_gpus: int, slo: str, attainment: float | N
               out: str | Path | None = None, tolerance: float = 0.05, jobs: int = 1,
               quiet: bool = False) -> pd.DataFrame:
     """Search every deployment of ``num_gpus`` GPUs; return (and write) the split table."""
+    check_flags(quiet=quiet)  # this function prints itself: run_capacity sees quiet=True
+    if not is_integer(num_gpus):  # from Python: "4" or 4.0 would fail deep in the arithmetic
+        raise CapacityError(f"--split-gpus: expected a whole number of GPUs, got {num_gpus!r}")
     path = config_path(config)
     raw = load_yaml(path)
     if raw.get("cluster") is not None:
@@ -52,7 +57,10 @@ def run_split(config: str | Path, num_gpus: int, slo: str, attainment: float | N
                             "experiment's cluster block")
     base, _ = expand_runs(raw, overrides or [], source=str(path))
     blocks = deployments(num_gpus, int(base["parallelism"]["tp"]))
-    folder = Path(out) if out is not None else Path("runs") / f"{base['name']}-split{num_gpus}"
+    # the default folder is named after the experiment: the same check as run's runs/<name>,
+    # or a name such as '../x' would write outside runs/
+    folder = Path(out) if out is not None \
+        else Path("runs") / f"{check_name(base['name'], str(path))}-split{num_gpus}"
     table = run_capacity(path, slo=slo, attainment=attainment, overrides=overrides,
                          out=folder, tolerance=tolerance, jobs=jobs, quiet=True,
                          sweeps={"cluster": blocks})

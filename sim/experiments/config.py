@@ -23,7 +23,7 @@ import yaml
 from policies import DEFAULT_POLICY, make_policy
 from sim.core.errors import InputError
 from sim.core.fields import validate_fields
-from sim.experiments.labels import policy_labels
+from sim.experiments.labels import check_swept_labels, policy_labels
 from sim.experiments.overrides import (
     ConfigError,
     apply_overrides,
@@ -302,6 +302,11 @@ def expand_runs(raw: dict[str, Any],
         raise ConfigError(str(e.within(source))) from None
     sweep, zipped = base.pop("sweep"), base.pop("zip")
     _check_size(len(policies), sweep, zipped, source)
+    try:
+        check_swept_labels(sweep, "sweep")
+        check_swept_labels(zipped, "zip")
+    except InputError as e:
+        raise ConfigError(str(e.within(source))) from None
     _check_load_key(base["output"]["load_key"], [raw, {"sweep": sweep, "zip": zipped}], source)
     runs: list[RunSpec] = []
     listed = base["policy"] is None and raw_policies is not None
@@ -347,8 +352,11 @@ def expand_runs(raw: dict[str, Any],
         notify(f"parallelism.replicas ({given}) is not used by the runs with a cluster block: "
                "its groups set the replicas")
     routed = [r.config for r in runs if r.config.get("router") is not None]
+    # one replica still waits out a routing latency: such a router is used
     if notify is not None and routed and all(
-            c["parallelism"]["replicas"] == 1 and not c.get("cluster") for c in routed):
+            c["parallelism"]["replicas"] == 1 and not c.get("cluster")
+            and not (isinstance(c["router"], Mapping) and c["router"].get("latency_s"))
+            for c in routed):
         notify("router is not used: every run that sets it has one replica "
                "(parallelism.replicas: 1), so there is nothing to route between")
     return base, runs

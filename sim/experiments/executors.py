@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -59,9 +61,36 @@ def check_executor(executor: Any, address: Any) -> None:
                          field="--address")
 
 
+#: How often a pool worker checks that the command that started it is still alive (seconds).
+PARENT_POLL_S = 0.25
+
+
 def worker_init() -> None:
-    """Pool worker initializer: Ctrl-C is handled by the parent, which stops the workers."""
+    """Pool worker initializer: Ctrl-C is handled by the parent, which stops the workers; a
+    worker whose parent is gone exits (``exit_with_parent``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent(os.getppid())
+
+
+def exit_with_parent(parent: int) -> None:
+    """Exit this process soon after ``parent`` (the command) dies, however it died.
+
+    A parent killed by ``kill -9`` (or the out-of-memory killer) cannot stop its pool: the
+    workers, forked with every descriptor of the command, would otherwise wait forever on a
+    queue whose write end they hold themselves. Holding the output folder's lock
+    (``OutputLock``'s descriptor is inherited too), they would refuse every later command on
+    that folder, naming a dead pid, and one still running a run would write into a folder a
+    new command may own. A daemon thread polls the parent pid (an orphan is re-parented, so it
+    changes) and ends the worker; its unfinished files are temporaries the next command
+    deletes. Polling works on every POSIX system, unlike Linux's ``PR_SET_PDEATHSIG``, which
+    also fires when the pool's spawning *thread* ends.
+    """
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)  # no cleanup handlers: the parent that owned them is gone
+
+    threading.Thread(target=watch, name="batchsim-exit-with-parent", daemon=True).start()
 
 
 def stop_pool(pool: ProcessPoolExecutor) -> None:

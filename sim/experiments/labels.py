@@ -9,6 +9,7 @@ every table, plot and console line keys on the label.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -32,6 +33,23 @@ def swept_value(value: Any) -> Any:
     if isinstance(value, dict) and isinstance(value.get("label"), str):
         return value["label"]
     return _fmt(value) if isinstance(value, (dict, list)) else value
+
+
+def check_swept_labels(grid: Mapping[str, Any] | None, block: str) -> None:
+    """Refuse two different values of one swept key (of ``sweep:`` or ``zip:``, ``block``)
+    that read alike in every table and plot: mappings with the same ``label`` (two swept
+    ``cluster`` blocks called ``x``), whose rows could not be told apart."""
+    for key, values in (grid or {}).items():
+        seen: dict[str, int] = {}
+        for j, value in enumerate(values if isinstance(values, list) else []):
+            if not (isinstance(value, dict) and isinstance(value.get("label"), str)):
+                continue  # other values are shown as themselves: distinct ones read apart
+            cell = value["label"]
+            if cell in seen and values[seen[cell]] != value:
+                raise InputError(f"label {cell!r} is used by {block}.{key}[{seen[cell]}] too; "
+                                 "labels name the rows of every table, so they must differ",
+                                 field=f"{block}.{key}[{j}].label")
+            seen.setdefault(cell, j)
 
 
 def _spec(spec: Any) -> dict[str, Any]:

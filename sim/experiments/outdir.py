@@ -7,8 +7,9 @@
 - ``OutputLock`` holds an advisory lock on ``OUT/.batchsim.lock`` while a command writes there;
   a second command on the same folder is refused with a clear message instead of racing.
 - ``clean_temp_files`` deletes only batchsim's own temporaries (``results.TEMP_MARK``).
-- ``keep_previous_outputs`` moves another experiment's summary, report and plots aside to
-  ``OUT/previous/<n>/`` before a different experiment writes its own there.
+- ``keep_previous_outputs`` moves another experiment's summary, report and plots (or another
+  capacity search's answer) aside to ``OUT/previous/<n>/`` before a different one writes its
+  own there.
 - ``finished_summary`` says whether a run folder holds a complete, readable run: a 0-byte or
   truncated file (a power loss, a full disk) makes the run unfinished, so it is redone.
 """
@@ -137,10 +138,11 @@ class OutputLock:
                 return self
             holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
             os.close(fd)
+            # ``flag`` is an option (--out) or, for ``batchsim plot DIR``, the command's name
+            other = f" or choose another {self.flag}" if self.flag.startswith("-") else ""
             raise OutputFolderError(
                 f"{self.flag} {self.path.parent}: another batchsim command (pid {holder}) is "
-                f"writing into this folder; wait for it to finish or choose another {self.flag}"
-                ) from None
+                f"writing into this folder; wait for it to finish{other}") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
@@ -159,30 +161,43 @@ EXPERIMENT_OUTPUTS = ("experiment.yaml", "summary.csv", "summary_by_seed.csv", "
                       "report.html", "plots")
 #: The keys of ``experiment.yaml`` that decide what the outputs hold (not where the file was).
 _DEFINING = ("experiment", "overrides", "sweeps")
+#: The outputs of a capacity search (``batchsim capacity``, ``--split-gpus``), its record
+#: ``capacity.yaml`` first; its probes, named by their configs, are shared and stay.
+CAPACITY_OUTPUTS = ("capacity.yaml", "capacity.csv", "search.csv", "split.csv")
+#: The keys of ``capacity.yaml`` that decide what a search's answer is.
+CAPACITY_DEFINING = ("experiment", "overrides", "sweeps", "slos", "tolerance")
 
 
-def keep_previous_outputs(out: Path, record: dict[str, Any]) -> Path | None:
+def keep_previous_outputs(out: Path, record: dict[str, Any],
+                          outputs: tuple[str, ...] = EXPERIMENT_OUTPUTS,
+                          defining: tuple[str, ...] = _DEFINING) -> Path | None:
     """When ``out`` holds the outputs of another experiment than ``record`` (what the new
     ``experiment.yaml`` will say), move them to ``out/previous/<n>/`` (the first free ``n``)
     and return that folder; ``None`` when there is nothing to keep (no experiment there yet,
-    or the same experiment again: a resume)."""
+    or the same experiment again: a resume). ``outputs`` (the record file first) and
+    ``defining`` name another kind of outputs: those of a capacity search
+    (``CAPACITY_OUTPUTS``, ``CAPACITY_DEFINING``). Outputs without their record (it was
+    deleted, or a folder older than the record) are of an unknown experiment: kept too."""
     import yaml
 
-    exp = out / "experiment.yaml"
+    exp = out / outputs[0]
     if not exp.is_file():
-        return None
-    try:
-        old = yaml.safe_load(exp.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        if not any((out / name).exists() for name in outputs):
+            return None
         old = None
-    if isinstance(old, dict) and all(old.get(k) == record.get(k) for k in _DEFINING):
+    else:
+        try:
+            old = yaml.safe_load(exp.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            old = None
+    if isinstance(old, dict) and all(old.get(k) == record.get(k) for k in defining):
         return None
     for n in itertools.count(1):
         dest = out / "previous" / str(n)
         if not dest.exists():
             break
     dest.mkdir(parents=True)
-    for name in EXPERIMENT_OUTPUTS:
+    for name in outputs:
         if (out / name).exists():
             os.replace(out / name, dest / name)
     return dest

@@ -22,7 +22,7 @@ import errno
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,20 @@ def write_text(path: Path, text: str) -> None:
 def write_json(path: Path, data: Any) -> None:
     """Atomically write ``data`` as indented JSON (NaN kept as JSON's NaN extension)."""
     write_text(path, json.dumps(data, indent=1, sort_keys=True, default=_plain) + "\n")
+
+
+def plain_data(value: Any) -> Any:
+    """``value`` with every numpy scalar (``np.int64(8)``, ``np.float64``) made the Python
+    number it holds, through dicts, lists and tuples: an override or sweep given from Python
+    as a numpy value is valid config, and YAML's safe dumper (``experiment.yaml``,
+    ``capacity.yaml``) cannot write it."""
+    if isinstance(value, Mapping):
+        return {k: plain_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain_data(v) for v in value]
+    if hasattr(value, "item") and hasattr(value, "dtype"):  # a numpy scalar or 0-d array
+        return value.item()
+    return value
 
 
 def _plain(value: Any) -> Any:

@@ -47,7 +47,7 @@ from sim.experiments.progress import (
     rejected_note,
     rejected_phrase,
 )
-from sim.experiments.results import write_text
+from sim.experiments.results import plain_data, write_text
 from sim.experiments.runner import (
     build_cost,
     build_requests,
@@ -95,7 +95,7 @@ def preflight(runs: list[RunSpec], base_dir: Path, source: str) -> None:
             if cfg.get("cluster") is not None:
                 args = cluster_args(cfg)
                 parse_groups(args["cluster"], policy=cfg["policy"], kv=kv_spec(cfg), cost=None,
-                             cost_keys=args["cost_keys"])
+                             cost_keys=args["cost_keys"], router=cfg.get("router"))
                 check_step_table(cfg["metrics"]["step_table"])
             try:
                 cost = build_cost(cfg, base_dir)
@@ -221,6 +221,10 @@ def run_experiment(path: str | Path,
     jobs = check_jobs(jobs)
     check_executor(executor, address)
     check_flags(quiet=quiet, plots=plots if plots is not None else False)
+    # numpy values from Python (np.int64(8)) as the numbers they hold: the --set notes and
+    # experiment.yaml are YAML, which cannot write them, and a run id must not depend on
+    # whether a value came as a numpy or a Python number
+    overrides, sweeps = plain_data(overrides), plain_data(sweeps)
     path = config_path(path)
     raw = load_yaml(path)
     base, runs = expand_runs(raw, overrides, source=str(path), sweeps=sweeps,

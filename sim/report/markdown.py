@@ -112,20 +112,37 @@ def _spec_from_folder(out: Path, row: pd.Series, swept_cols: list[str]) -> RunSp
     path = out / "runs" / str(row["run_id"]) / "config.yaml"
     if not path.exists():
         return None
-    cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        cfg = (str(e).splitlines() or [type(e).__name__])[0]
+    if not isinstance(cfg, dict):  # edited or damaged: the report would crash on it later
+        what = cfg if isinstance(cfg, str) else f"a {type(cfg).__name__}, not a mapping"
+        raise InputError(f"cannot read this run's resolved config ({what}); delete the run's "
+                         "folder and re-run the experiment to redo it", source=str(path))
     # the label summary.csv recorded (automatic labels depend on the whole experiment)
     label = row.get("label")
     return RunSpec(cfg, {c: row[c] for c in swept_cols},
                    str(label) if isinstance(label, str) else policy_label(cfg.get("policy")))
 
 
+def check_output_folder(out: Path) -> None:
+    """Refuse a folder that is not an experiment's output folder (``experiment.yaml``,
+    ``summary.csv`` and ``runs/``). ``batchsim plot`` asks before it takes the folder's lock:
+    the lock file it would leave in a folder of the user's marks that folder as batchsim's
+    (``outdir.check_own_folder``), and a later ``run --out`` there would replace its files."""
+    out = Path(out)
+    if not ((out / "experiment.yaml").is_file() and (out / "summary.csv").is_file()
+            and (out / "runs").is_dir()):
+        raise InputError(f"{out}: not a batchsim output folder (needs experiment.yaml, "
+                         "summary.csv and runs/)")
+
+
 def regenerate(out: Path) -> None:
     """Rebuild plots, ``report.md`` and ``report.html`` of an output folder (``batchsim plot``)."""
     out = Path(out)
     exp, summ = out / "experiment.yaml", out / "summary.csv"
-    if not (exp.is_file() and summ.is_file() and (out / "runs").is_dir()):
-        raise InputError(f"{out}: not a batchsim output folder (needs experiment.yaml, "
-                         "summary.csv and runs/)")
+    check_output_folder(out)
     try:
         doc = yaml.safe_load(exp.read_text(encoding="utf-8"))
         if not isinstance(doc, dict) or not isinstance(doc.get("experiment"), dict):
@@ -137,15 +154,21 @@ def regenerate(out: Path) -> None:
         if doc.get("base_dir"):  # input files' digests are part of the run ids
             runs = [RunSpec(pin_inputs(s.config, Path(doc["base_dir"])), s.swept, s.label)
                     for s in runs]
-    except (yaml.YAMLError, KeyError, TypeError, ConfigError) as e:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError,
+            ConfigError) as e:
         raise InputError(f"{exp}: cannot rebuild the experiment: {e}") from None
     try:
         summary = pd.read_csv(summ, dtype={"run_id": str})
     except pd.errors.EmptyDataError:
         summary = pd.DataFrame()
+    except (OSError, ValueError) as e:  # ParserError and UnicodeDecodeError are ValueErrors
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise InputError(f"cannot read it ({first}); re-run the experiment to rebuild it from "
+                         "the finished runs", source=str(summ)) from None
     if summary.empty or "run_id" not in summary:
         raise InputError(f"{summ}: no finished runs to plot")
     summary["run_id"] = summary["run_id"].astype(str)
+    _check_columns(out, summary, summ)
     known = {run_id(s.config) for s in runs}
     cols = list(summary.columns)
     swept = cols[cols.index("policy") + 1:cols.index("model")] if {"policy", "model"} <= set(
@@ -155,6 +178,28 @@ def regenerate(out: Path) -> None:
         if spec is not None:
             runs.append(spec)
     write_outputs(out, base, runs, summary, plots=True)
+
+
+def _check_columns(out: Path, summary: pd.DataFrame, summ: Path) -> None:
+    """Refuse a ``summary.csv`` that lacks columns its runs have (edited, or cut short by a
+    tool): ``collect_summary`` writes every entry of every run's ``summary.json``, and the
+    figures would otherwise fail on the first missing metric with a bare ``KeyError``. One
+    finished run listed in the file is enough to know the columns."""
+    from sim.experiments.outdir import finished_summary
+    from sim.experiments.run import VOLATILE
+
+    for rid in summary["run_id"]:
+        s = finished_summary(out / "runs" / rid)
+        if s is None:
+            continue
+        missing = [k for k in s if k not in VOLATILE and k not in summary.columns]
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)"
+                                               if len(missing) > 5 else "")
+            raise InputError(f"lacks column(s) of its runs: {shown} (the file was edited or "
+                             "replaced); re-run the experiment to rebuild it from the finished "
+                             "runs", source=str(summ))
+        return
 
 
 def _calibration(runs: list[RunSpec], df: pd.DataFrame) -> str:
