@@ -34,13 +34,13 @@ import numpy as np
 import simpy
 
 from routers import Router
+from sim.cluster.groups import check_no_latency
 from sim.cluster.handoff import Side, TransferLog, blocks_to_reserve, record
 from sim.cluster.kv_links import Topology
 from sim.cluster.loads import LoadBoard
 from sim.cluster.network import Network
 from sim.cluster.routed import PrefixChains, RoutingLog, arrival_of
 from sim.core import load_arrays as la
-from sim.core.errors import InputError
 from sim.core.load_arrays import WAITING, Loads
 from sim.core.types import Request
 from sim.engine.replica import never_fits
@@ -70,10 +70,7 @@ class DisaggDriver:
     def run(self, reqs: Sequence[Request], rngs: tuple[np.random.Generator, np.random.Generator]
             ) -> TransferLog:
         """Serve ``reqs`` (in arrival order) to the end; return what their KV did."""
-        for r, where in ((self.router, "router"), (self.decode_router, "cluster.decode_router")):
-            if r.latency_s > 0:  # ``check_no_latency`` refuses it first, from the YAML or Python
-                raise InputError("routing latency is not modelled with disaggregation yet",
-                                 field=f"{where}.latency_s")
+        check_no_latency(self.router, self.decode_router)  # parse_groups checked it first
         n_p, n_d = len(self.prefill), len(self.decode)
         self.router.start(n_p, rngs[0])
         self.decode_router.start(n_d, rngs[1])

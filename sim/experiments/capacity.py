@@ -386,20 +386,16 @@ def run_capacity(config: str | Path, slo: str, attainment: float | None = None,
 def search_record(path: Path, overrides: Iterable[str] | Mapping[str, Any] | None,
                   sweeps: Mapping[str, Any] | None, slos: Slos, tolerance: float
                   ) -> dict[str, Any]:
-    """What ``capacity.yaml`` records of a search: the experiment as loaded and everything
-    that decides the answer (``outdir.CAPACITY_DEFINING``), as YAML reads it back, so a
+    """What ``capacity.yaml`` records of a search (``outdir.outputs_record``): the experiment
+    as loaded and everything that decides the answer (``outdir.CAPACITY_DEFINING``), so a
     re-run of the same search compares equal (a resume) and any other search does not."""
-    import yaml
+    from sim.experiments.outdir import outputs_record
 
-    record = {"source": str(path), "base_dir": str(path.resolve().parent),
-              "overrides": dict(overrides) if isinstance(overrides, Mapping)
-              else list(overrides or []),
-              **({"sweeps": dict(sweeps)} if sweeps else {}),
-              "slos": {"percentiles": slos.percentiles, "per_request": slos.per_request,
-                       "attainment": slos.attainment},
-              "tolerance": tolerance, "experiment": load_yaml(path)}
-    loaded: dict[str, Any] = yaml.safe_load(yaml.safe_dump(record, sort_keys=False))
-    return loaded
+    return outputs_record(path, path.resolve().parent, overrides, sweeps, load_yaml(path),
+                          slos={"percentiles": slos.percentiles,
+                                "per_request": slos.per_request,
+                                "attainment": slos.attainment},
+                          tolerance=tolerance)
 
 
 def _search_all(base: dict[str, Any], targets: list[Target], folder: Path, base_dir: str,

@@ -19,6 +19,7 @@ import errno
 import itertools
 import json
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -166,6 +167,26 @@ _DEFINING = ("experiment", "overrides", "sweeps")
 CAPACITY_OUTPUTS = ("capacity.yaml", "capacity.csv", "search.csv", "split.csv")
 #: The keys of ``capacity.yaml`` that decide what a search's answer is.
 CAPACITY_DEFINING = ("experiment", "overrides", "sweeps", "slos", "tolerance")
+
+
+def outputs_record(source: Path, base_dir: Path | str,
+                   overrides: Iterable[str] | Mapping[str, Any] | None,
+                   sweeps: Mapping[str, Any] | None, experiment: Any,
+                   **deciding: Any) -> dict[str, Any]:
+    """What a command records of the outputs it writes (``experiment.yaml``, a capacity
+    search's ``capacity.yaml``): the file and folder it read, its overrides (a list of
+    strings or a mapping) and sweeps, what else decides them (``deciding``: a search's SLOs
+    and tolerance) and the experiment as loaded; as YAML reads it back, so a re-run of the
+    same command compares equal to the file (``keep_previous_outputs``: a resume)."""
+    import yaml
+
+    record = {"source": str(source), "base_dir": str(base_dir),
+              "overrides": dict(overrides) if isinstance(overrides, Mapping)
+              else list(overrides or []),
+              **({"sweeps": dict(sweeps)} if sweeps else {}), **deciding,
+              "experiment": experiment}
+    loaded: dict[str, Any] = yaml.safe_load(yaml.safe_dump(record, sort_keys=False))
+    return loaded
 
 
 def keep_previous_outputs(out: Path, record: dict[str, Any],

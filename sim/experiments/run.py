@@ -38,6 +38,7 @@ from sim.experiments.outdir import (
     finished_summary,
     keep_previous_outputs,
     output_folder,
+    outputs_record,
 )
 from sim.experiments.progress import (
     Progress,
@@ -198,13 +199,6 @@ def _note(text: str) -> None:
     print(f"batchsim: {text}", file=sys.stderr)
 
 
-def _plain_overrides(overrides: Iterable[str] | Mapping[str, Any] | None) -> Any:
-    """The overrides as recorded in ``experiment.yaml`` (a list of strings or a mapping)."""
-    if isinstance(overrides, Mapping):
-        return dict(overrides)
-    return list(overrides or [])
-
-
 def run_experiment(path: str | Path,
                    overrides: Iterable[str] | Mapping[str, Any] | None = None,
                    out: str | Path | None = None, jobs: int = 1, executor: str = "local",
@@ -245,10 +239,8 @@ def _run_locked(path: Path, raw: dict[str, Any],
                 plots: bool | None, quiet: bool, report: ReportWriter | None) -> pd.DataFrame:
     """``run_experiment`` once the output folder is checked and locked."""
     clean_temp_files(out)
-    record = {"source": str(path), "base_dir": str(base_dir),
-              "overrides": _plain_overrides(overrides),
-              **({"sweeps": dict(sweeps)} if sweeps else {}), "experiment": raw}
-    kept = keep_previous_outputs(out, yaml.safe_load(yaml.safe_dump(record, sort_keys=False)))
+    record = outputs_record(path, base_dir, overrides, sweeps, raw)
+    kept = keep_previous_outputs(out, record)
     if kept is not None and not quiet:
         _note(f"{out} held the outputs of another experiment: its summary, report and plots "
               f"are kept in {kept} (the runs stay shared in {out / 'runs'})")

@@ -3,11 +3,11 @@
 The first import of matplotlib creates its configuration folder and writes a font list under
 the user's home (``~/.config/matplotlib``, ``~/.cache/matplotlib``). batchsim writes nothing
 outside its own files, so before matplotlib is imported it is pointed at a folder inside the
-installed package (``sim/.matplotlib``, where numba's cache of batchsim's compiled code lives
-too), or, when the package cannot be written to, at a temporary folder removed when the
-process ends. A folder the user chose (``MPLCONFIGDIR`` set) is left as it is. One effect: a
-``matplotlibrc`` in the home folder does not restyle batchsim's plots (they look the same on
-every machine); ``MATPLOTLIBRC`` or ``MPLCONFIGDIR`` still select one.
+installed package (``sim/.matplotlib``; numba keeps its cache of batchsim's compiled code in
+the package too), or, when the package cannot be written to, at a temporary folder removed
+when the process ends. A folder the user chose (``MPLCONFIGDIR`` set) is left as it is. One
+effect: a ``matplotlibrc`` in the home folder does not restyle batchsim's plots (they look
+the same on every machine); ``MATPLOTLIBRC`` or ``MPLCONFIGDIR`` still select one.
 """
 from __future__ import annotations
 
