@@ -18,23 +18,20 @@ Parameters:
   ``[128, 512, 2048]`` (a last bucket holds everything longer). Lengths are the tokens a
   request would prefill now (its prompt, or prompt + generated when recomputing).
 - ``ordering`` ("fcfs" | "spf" | "priority"): queue order used to form batches.
+
+A preset of the run-to-completion batch specification (``sim.core.batching.BatchSpec``):
+``batch_size`` = ``max_batch_size``, ``wait_s`` = ``max_wait_s`` (an infinite wait is none),
+``bucket_by_prompt``.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import pairwise
-from typing import TypeGuard
 
-from policies.batch_run import RunToCompletion, check_wait
+from policies.batch_run import RunToCompletion, check_wait, wait_spec
 from policies.ordering import ORDERINGS
 from policies.registry import Policy, check_choice, check_positive, register
-from sim.core.types import Plan, SeqView, View
-
-
-def _is_count(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+from sim.core.batching import BatchSpec, batch_domains
+from sim.core.types import Plan, View
 
 
 @register("dynamic")
@@ -51,22 +48,11 @@ class DynamicBatching(Policy):
         check_positive(self, max_batch_size=self.max_batch_size)
         check_wait(self, "max_wait_s", self.max_wait_s, optional=False)
         check_choice(self, "ordering", self.ordering, ORDERINGS)
-        self._key = self._bucket_key()
-        self._batch = RunToCompletion()  # per-instance: one policy object per replica
-
-    def _bucket_key(self) -> Callable[[SeqView], int] | None:
-        spec = self.bucket_by_prompt
-        if spec is None:
-            return None
-        if _is_count(spec):
-            width = int(spec)
-            return lambda s: (s.num_uncomputed - 1) // width
-        bounds = list(spec) if isinstance(spec, (list, tuple)) else []
-        ok = bool(bounds) and all(_is_count(b) for b in bounds) and all(
-            a < b for a, b in pairwise(bounds))
-        self._require(ok, "bucket_by_prompt", "expected null, a bucket width > 0 or a list "
-                      f"of increasing positive token bounds, got {spec!r}")
-        return lambda s: bisect_left(bounds, s.num_uncomputed)
+        why = batch_domains()["bucket_by_prompt"].problem(self.bucket_by_prompt)
+        self._require(not why, "bucket_by_prompt", why)
+        self.spec = BatchSpec(batch_size=self.max_batch_size, wait_s=wait_spec(self.max_wait_s),
+                              bucket_by_prompt=self.bucket_by_prompt, order=self.ordering)
+        self._batch = RunToCompletion(self.spec)  # per-instance: one policy object per replica
 
     @property
     def max_num_seqs(self) -> int:  # type: ignore[override]  # read-only: derived
@@ -75,5 +61,4 @@ class DynamicBatching(Policy):
 
     def schedule(self, view: View) -> Plan:
         """Continue the batch in flight, else dispatch the first full or timed-out bucket."""
-        return self._batch.schedule(view, self.ordering, self.max_batch_size, self.max_wait_s,
-                                    self._key)
+        return self._batch.schedule(view)

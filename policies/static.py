@@ -13,14 +13,18 @@ Parameters:
 - ``timeout_s`` (None): dispatch a partial batch once its oldest request has waited this long;
   ``None`` waits for a full batch (a partial one still goes when no more requests will arrive).
 - ``ordering`` ("fcfs" | "spf" | "priority"): which waiting requests form the next batch.
+
+A preset of the run-to-completion batch specification (``sim.core.batching.BatchSpec``):
+``batch_size``, ``wait_s`` = ``timeout_s`` (an infinite timeout is none), no buckets.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.batch_run import RunToCompletion, check_wait
+from policies.batch_run import RunToCompletion, check_wait, wait_spec
 from policies.ordering import ORDERINGS
 from policies.registry import Policy, check_choice, check_positive, register
+from sim.core.batching import BatchSpec
 from sim.core.types import Plan, View
 
 
@@ -37,7 +41,9 @@ class StaticBatching(Policy):
         check_positive(self, batch_size=self.batch_size)
         check_wait(self, "timeout_s", self.timeout_s, optional=True)
         check_choice(self, "ordering", self.ordering, ORDERINGS)
-        self._batch = RunToCompletion()  # per-instance: one policy object per replica
+        self.spec = BatchSpec(batch_size=self.batch_size, wait_s=wait_spec(self.timeout_s),
+                              order=self.ordering)
+        self._batch = RunToCompletion(self.spec)  # per-instance: one policy object per replica
 
     @property
     def max_num_seqs(self) -> int:  # type: ignore[override]  # read-only: derived
@@ -46,4 +52,4 @@ class StaticBatching(Policy):
 
     def schedule(self, view: View) -> Plan:
         """Continue the batch in flight, else dispatch a full (or timed-out) one."""
-        return self._batch.schedule(view, self.ordering, self.batch_size, self.timeout_s)
+        return self._batch.schedule(view)

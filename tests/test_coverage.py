@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import sim
 from policies import make_policy
+from policies.static import StaticBatching
 from sim.core.errors import InputError
 from sim.core.fields import OPT, Key
 from sim.core.scheduling import Domain, SchedulingSpec, domains
@@ -30,6 +31,10 @@ from tests.test_fastpath import assert_same_run
 
 SPEC_FIELDS = {f.name for f in dataclasses.fields(SchedulingSpec)}
 KV_CONFIG_FIELDS = {f.name for f in dataclasses.fields(KVConfig)}
+
+
+class OwnStatic(StaticBatching):
+    """A policy of a user's own: a subclass of a preset is not the preset."""
 
 
 def test_every_spec_and_kv_field_is_mapped():
@@ -60,7 +65,11 @@ def test_an_unmapped_field_sends_the_run_to_the_general_engine(monkeypatch):
      "kv.prefix_caching=True is not covered by the compiled interpreter"),
     ("continuous", {"num_blocks": 50, "allocator": "slab", "reserve_tokens": 64}, "general",
      "kv.allocator='slab' is not covered by the compiled interpreter"),
-    ("static", None, "general", "policy 'static' is not a preset"),
+    ("static", None, "general", "fewer than"),
+    ({"name": "dynamic", "bucket_by_prompt": 64}, None, "general",
+     "policy.bucket_by_prompt=64 is not covered by the compiled interpreter"),
+    (OwnStatic(batch_size=4), None, "general",
+     "policy 'static' is not a preset of a scheduling specification"),
 ])
 def test_the_result_says_which_engine_ran_and_why(policy, kv, engine, reason):
     reqs = [sim.Request(i, 0.1 * i, 20, 5) for i in range(5)]
@@ -108,6 +117,10 @@ def from_domain(d: Domain) -> st.SearchStrategy[Any]:
         return st.sampled_from(d.choices)
     if d.kind == "targets":
         return st.none() | st.dictionaries(st.integers(0, 2), st.floats(0.01, 3.0), max_size=3)
+    if d.kind == "buckets":  # a width, or increasing bounds around the prompts drawn
+        return st.none() | st.integers(1, 64) | st.lists(
+            st.integers(1, 120), min_size=1, max_size=3, unique=True).map(
+            lambda b: tuple(sorted(b)))
     lo = d.minimum if d.minimum is not None else 0
     if d.kind == "int":  # small values, and powers of two up to thousands (limits)
         top = 1 << 62 if d.maximum is None else int(d.maximum)

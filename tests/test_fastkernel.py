@@ -198,7 +198,7 @@ def test_auto_compiles_only_large_runs(monkeypatch):
                         lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
     monkeypatch.setattr(simulate, "COMPILED_MIN_REQUESTS", 50)
     monkeypatch.setattr(compiled_cache, "loop_is_cached",
-                        lambda routed=False, planned=False, series=False: True)
+                        lambda *a, **k: True)
     kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 2000}}
     small, large = _long_tailed(49, 1, 0.05), _long_tailed(50, 1, 0.05)
     sim.simulate(small, **kw)
@@ -218,7 +218,7 @@ def test_a_cold_cache_keeps_mid_sized_runs_on_the_general_engine(monkeypatch):
     monkeypatch.setattr(simulate, "COMPILED_MIN_REQUESTS", 20)
     monkeypatch.setattr(simulate, "COMPILED_COLD_MIN_REQUESTS", 60)
     monkeypatch.setattr(compiled_cache, "loop_is_cached",
-                        lambda routed=False, planned=False, series=False: False)
+                        lambda *a, **k: False)
     kw = {"policy": "continuous", "cost": ROOFLINE, "kv": {"num_blocks": 2000}}
     mid = sim.simulate(_long_tailed(59, 1, 0.05), **kw)
     assert mid.engine == "general"
@@ -229,7 +229,7 @@ def test_a_cold_cache_keeps_mid_sized_runs_on_the_general_engine(monkeypatch):
     assert forced.engine == "compiled"
     assert_same_run(forced, mid)  # speed only: the same results
     monkeypatch.setattr(compiled_cache, "loop_is_cached",
-                        lambda routed=False, planned=False, series=False: True)
+                        lambda *a, **k: True)
     assert sim.simulate(_long_tailed(59, 1, 0.05), **kw).engine == "compiled"
 
 

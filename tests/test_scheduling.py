@@ -195,6 +195,15 @@ def test_the_driven_interpreter_is_rebuilt_when_the_loop_changes():
         "sim/engine/compiled_drive.py")
 
 
+def test_the_batch_loop_is_rebuilt_when_the_loop_changes():
+    from sim.engine import compiled_batch, compiled_loop
+
+    assert compiled_batch.BATCH_SHA256 == compiled_loop.rules_sha256(
+        compiled_loop.LOOP_SOURCES), (
+        f"one of {compiled_loop.LOOP_SOURCES} changed: update BATCH_SHA256 in "
+        "sim/engine/compiled_batch.py")
+
+
 def test_the_documented_table_is_the_generated_one():
     from sim.core.scheduling import spec_table
 

@@ -85,7 +85,7 @@ def engine_blocker(policy: Any, kv: Any, cost: Any, options: dict[str, Any],
     if options["horizon_s"] is not None or options["deadline"] is not None:
         return "a horizon or wall-clock budget"
     return (fast_path_blocker(policy, kv, cost, checks=options["checks"],
-                              event_skipping=options["event_skipping"])
+                              event_skipping=options["event_skipping"], driven=True)
             or size_blocker(num_requests, num_replicas, choice))
 
 

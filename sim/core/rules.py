@@ -9,10 +9,13 @@ instead of restating them. Changing a rule here changes it everywhere.
 
 Vocabulary: a sequence that has computed ``num_computed_tokens`` and holds ``num_blocks``
 blocks of ``block_size`` tokens; a slab allocator reserves at least ``floor_tokens`` on the
-first allocation.
+first allocation. The run-to-completion rules at the end (when a batch goes, which prompt
+bucket a request joins, the room a preempted member needs to rejoin) serve
+``policies.batch_run`` and the compiled interpreter's batches alike.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -130,3 +133,35 @@ def outranks(victim: int, priority: int, deadline_s: float, best_priority: int,
     if victim == VICTIM_DEADLINE:
         return deadline_s > best_deadline_s
     return False
+
+
+def batch_due_s(oldest_arrival_s: float, wait_s: float) -> float:
+    """When a partial run-to-completion batch goes: its oldest request's arrival plus the
+    batch's ``wait_s`` (``inf``: never by time, only full)."""
+    return oldest_arrival_s + wait_s
+
+
+def batch_ready(count: int, batch_size: int, more_arrivals: bool, now_s: float,
+                due_s: float) -> bool:
+    """Whether a group of ``count`` waiting requests goes as a batch now: it is full, no more
+    requests will arrive (waiting cannot fill it), or its ``batch_due_s`` has come."""
+    return count >= batch_size or not more_arrivals or now_s >= due_s
+
+
+def prompt_bucket(num_tokens: int, width: int, bounds: Sequence[int] | np.ndarray) -> int:
+    """The prompt-length bucket of a request that would prefill ``num_tokens`` now: with a
+    ``width`` > 0, buckets of 1..w, w+1..2w, ... tokens; else the first of the increasing upper
+    ``bounds`` that holds it (``len(bounds)``: the last bucket, everything longer), as
+    ``bisect_left`` finds it."""
+    if width > 0:
+        return (num_tokens - 1) // width
+    k = 0
+    while k < len(bounds) and bounds[k] < num_tokens:
+        k += 1
+    return k
+
+
+def rejoin_free_blocks(free_blocks: int, num_running: int) -> int:
+    """The blocks preempted members of a batch may take to rejoin it: the free ones less one
+    of headroom per running member, so the next decode step does not evict them at once."""
+    return free_blocks - num_running

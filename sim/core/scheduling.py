@@ -13,6 +13,7 @@ them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import numbers
 from collections.abc import Mapping
@@ -29,8 +30,9 @@ class Domain:
 
     ``kind`` is ``"choice"`` (one of ``choices``), ``"int"`` or ``"float"`` (in
     [``minimum``, ``maximum``], the maximum excluded when ``max_exclusive``; ``optional``
-    allows ``null``), or ``"targets"`` (``null`` or a mapping of integer priority classes to
-    seconds > 0).
+    allows ``null``), ``"targets"`` (``null`` or a mapping of integer priority classes to
+    seconds > 0) or ``"buckets"`` (``null``, a bucket width > 0, or increasing positive
+    upper bounds of prompt-length buckets).
     """
 
     kind: str
@@ -44,7 +46,12 @@ class Domain:
     def problem(self, value: Any) -> str:
         """Why ``value`` is outside this domain ('' when it is inside)."""
         if value is None:
-            return "" if self.optional or self.kind == "targets" else "must not be null"
+            return "" if self.optional or self.kind in ("targets", "buckets") else \
+                "must not be null"
+        if self.kind == "buckets":
+            return "" if bucket_bounds(value) is not None else (
+                "expected null, a bucket width > 0 or a list of increasing positive token "
+                f"bounds, got {value!r}")
         if self.kind == "choice":
             ok = isinstance(value, str) and value in self.choices
             return "" if ok else not_one_of(value, self.choices)
@@ -71,6 +78,8 @@ class Domain:
             return " \\| ".join(f"`{c}`" for c in self.choices)
         if self.kind == "targets":
             return "null or {priority: seconds > 0}"
+        if self.kind == "buckets":
+            return "null, a width > 0 or [increasing bounds]"
         low = "-inf" if self.minimum is None else f"{self.minimum:g}"
         high = "inf" if self.maximum is None else f"{self.maximum:g}"
         text = f"[{low}, {high}{')' if self.max_exclusive or self.maximum is None else ']'}"
@@ -92,11 +101,28 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def bucket_bounds(value: Any) -> tuple[int, ...] | None:
+    """A ``"buckets"`` value other than ``null`` as a tuple: ``(width,)`` for a width > 0, the
+    bounds for a non-empty list of increasing positive integers; ``None`` when it is
+    neither."""
+    if _is_int(value):
+        return (int(value),) if value > 0 else None
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    if not all(_is_int(b) and b > 0 for b in value):
+        return None
+    if any(a >= b for a, b in itertools.pairwise(value)):
+        return None
+    return tuple(int(b) for b in value)
+
+
 def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _field(default: Any, domain: Domain) -> Any:
+def spec_field(default: Any, domain: Domain) -> Any:
+    """A specification field with its ``Domain`` (what validation, the documentation table and
+    the tests' random specifications read)."""
     return field(default=default, metadata={"domain": domain})
 
 
@@ -113,40 +139,40 @@ class SchedulingSpec:
     Defaults are vLLM v1's scheduler: decode-first steps with chunked prefill.
     """
 
-    composition: str = _field("decode_first", Domain(
+    composition: str = spec_field("decode_first", Domain(
         "choice", "What one step runs: `prefill_first` (a step that admits prompts runs only "
         "their prefill, decodes wait: vLLM v0), `mixed` (whole prompts join the running "
         "decodes: Orca), `decode_first` (decodes, then running prefill chunks, then new "
         "prompts in what is left of the budget: Sarathi-Serve, vLLM v1).",
         choices=COMPOSITIONS))
-    admission: str = _field("chunked", Domain(
+    admission: str = spec_field("chunked", Domain(
         "choice", "How a prompt enters: `whole` (all of it in one step; a prompt longer than "
         "`max_num_batched_tokens` is rejected) or `chunked` (pieces of at most `chunk_size`, "
         "sized to the free KV; `decode_first` only).", choices=ADMISSIONS))
-    chunk_size: int | None = _field(None, Domain(
+    chunk_size: int | None = spec_field(None, Domain(
         "int", "Most prefill tokens one request gets per step (`null`: the budget); "
         "`chunked` admission only.", minimum=1, optional=True))
-    max_num_seqs: int = _field(256, Domain(
+    max_num_seqs: int = spec_field(256, Domain(
         "int", "Running requests (batch rows); at most `max_num_batched_tokens`, so every "
         "running decode fits in one step.", minimum=1))
-    max_num_batched_tokens: int = _field(2048, Domain(
+    max_num_batched_tokens: int = spec_field(2048, Domain(
         "int", "Tokens per step (the token budget).", minimum=1))
-    watermark: float = _field(0.01, Domain(
+    watermark: float = spec_field(0.01, Domain(
         "float", "Share of KV blocks kept free when admitting new prompts while others run.",
         minimum=0.0, maximum=1.0, max_exclusive=True))
-    order: str = _field("fcfs", Domain(
+    order: str = spec_field("fcfs", Domain(
         "choice", "Waiting-queue order: `fcfs` (preempted first, then arrival), `spf` "
         "(shortest prompt first), `priority` (higher value first), `edf` (earliest TTFT "
         "deadline: arrival + the target of the request's priority class); ties keep the "
         "`fcfs` order.", choices=ORDERS))
-    victim: str = _field("newest", Domain(
+    victim: str = spec_field("newest", Domain(
         "choice", "Who is preempted when KV runs out: `newest` (last admitted), `priority` "
         "(lowest priority value, as vLLM's priority scheduler), `deadline` (latest TTFT "
         "deadline); ties go to the newest.", choices=VICTIMS))
-    ttft_target_s: float = _field(1.0, Domain(
+    ttft_target_s: float = spec_field(1.0, Domain(
         "float", "TTFT target of a priority class not in `ttft_targets_s` (`edf`, "
         "`deadline`).", minimum=0.0, maximum=1e9))
-    ttft_targets_s: Mapping[int, float] | None = _field(None, Domain(
+    ttft_targets_s: Mapping[int, float] | None = spec_field(None, Domain(
         "targets", "TTFT target in seconds per priority class (a request's `priority` "
         "value), e.g. `{\"0\": 2.0, \"1\": 0.5}` (YAML keys are strings)."))
 
@@ -192,15 +218,16 @@ class SchedulingSpec:
         return targets.get(priority, self.ttft_target_s) if targets else self.ttft_target_s
 
 
-def domains() -> dict[str, Domain]:
-    """Every field of ``SchedulingSpec`` with its domain, in declaration order."""
-    return {f.name: f.metadata["domain"] for f in dataclasses.fields(SchedulingSpec)}
+def domains(spec_type: type = SchedulingSpec) -> dict[str, Domain]:
+    """Every field of a specification type (``SchedulingSpec``, or the run-to-completion
+    ``sim.core.batching.BatchSpec``) with its domain, in declaration order."""
+    return {f.name: f.metadata["domain"] for f in dataclasses.fields(spec_type)}
 
 
-def spec_table() -> str:
-    """The documentation table of the specification, generated from the field domains."""
+def spec_table(spec_type: type = SchedulingSpec) -> str:
+    """The documentation table of a specification type, generated from the field domains."""
     lines = ["| field | default | values | meaning |", "|---|---|---|---|"]
-    for f in dataclasses.fields(SchedulingSpec):
+    for f in dataclasses.fields(spec_type):
         d: Domain = f.metadata["domain"]
         default = "null" if f.default is None else f"`{f.default}`"
         lines.append(f"| `{f.name}` | {default} | {d.describe()} | {d.doc} |")

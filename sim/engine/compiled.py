@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.core.rules import blocks_for, watermark_blocks
+from sim.core.batching import BatchSpec
+from sim.core.rules import NO_LIMIT, blocks_for, watermark_blocks
 from sim.core.scheduling import COMPOSITIONS, ORDERS, VICTIMS, SchedulingSpec
 from sim.engine import compiled_slots as slots
 from sim.engine.coverage import cost_kind
@@ -31,14 +32,15 @@ from sim.engine.replica import never_fits
 from sim.engine.validate import EngineError
 from sim.kv.config import KVConfig
 
-#: Step columns the interpreter writes, packed row by row (``StepLog.packed_*``).
+#: Step columns the interpreter writes, packed row by row (``StepLog.packed_*``), in the
+#: order of ``compiled_slots.L_*``.
 INT_COLUMNS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_recomputed_tokens",
-               "num_waiting", "kv_used_blocks", "num_regular_itl", "kv_live_tokens")
+               "num_waiting", "kv_used_blocks", "num_regular_itl", "kv_live_tokens",
+               "num_padding_tokens", "num_padding_rows")
 FLOAT_COLUMNS = ("start_s", "duration_s", "flops", "bytes")
 #: Step columns that are constant here (``replica``: ``StepLog.replica``; the others 0: no
-#: padding, prefix cache or swapping).
-ZERO_COLUMNS = frozenset({"replica", "num_padding_tokens", "num_padding_rows",
-                          "kv_cached_blocks", "swap_s", "swapped_bytes"})
+#: prefix cache or swapping).
+ZERO_COLUMNS = frozenset({"replica", "kv_cached_blocks", "swap_s", "swapped_bytes"})
 #: Rows the step log and the irregular-gap log start with (each doubles when full).
 INITIAL_LOG_ROWS, INITIAL_IRREGULAR_ROWS = 1 << 16, 4096
 #: Requests per replica from which ``simulate`` takes the interpreter (``fast_path=True``):
@@ -49,6 +51,12 @@ COMPILED_MIN_REQUESTS = 1000
 #: compile (about 15 s) repays itself only on runs the general engine needs longer for
 #: (about 0.5 ms a request for the iteration-level presets: docs/performance.md).
 COMPILED_COLD_MIN_REQUESTS = 20000
+#: The two thresholds for run-to-completion batches (``static``, ``dynamic``), whose general
+#: engine runs a batch to its end in one event, some 30-60 µs a request: loading the cached
+#: loop repays itself from about 10,000 requests, compiling it (about 22 s) from about half a
+#: million (measured: docs/performance.md).
+COMPILED_BATCH_MIN_REQUESTS = 10_000
+COMPILED_BATCH_COLD_MIN_REQUESTS = 500_000
 #: Steps between two looks at the wall clock when the run has a wall-clock budget (or
 #: between two returns to Python when a progress display reads the run).
 DEADLINE_STEPS = 4096
@@ -74,36 +82,42 @@ class Outcomes:
 class CompiledReplica:
     """One replica run by the compiled interpreter (see the module docstring)."""
 
-    def __init__(self, spec: SchedulingSpec, cost: Any, kv: KVConfig, *,
+    def __init__(self, spec: SchedulingSpec | BatchSpec, cost: Any, kv: KVConfig, *,
                  max_model_len: int | None = None, horizon_s: float | None = None,
                  name: str = "scheduler", hold: bool = False) -> None:
         from sim.engine import compiled_loop as loop  # numba compiles or loads the loop here
         from sim.engine.compiled_cost import cost_inputs
 
         self.loop, self.spec, self.cost, self.kv, self.name = loop, spec, cost, kv, name
+        #: The loop of the specification's kind: ``compiled_loop.run``, or
+        #: ``compiled_batch.run_batches`` for run-to-completion batches (the same arguments).
+        self.run = run_loop(spec)
         self.max_model_len = max_model_len
-        whole = spec.admission == "whole"
-        self.budget = spec.max_num_batched_tokens if whole else None  # rejects longer prompts
         kind = cost_kind(cost)
         p = np.zeros(slots.NUM_PARAMS_I, dtype=np.int64)
         p[slots.P_BS], p[slots.P_NUM_BLOCKS] = kv.block_size, min(kv.num_blocks, _BIG)
         p[slots.P_CAPACITY] = min(kv.capacity_tokens, _BIG)
-        p[slots.P_MAX_SEQS], p[slots.P_MAX_TOKENS] = spec.max_num_seqs, spec.max_num_batched_tokens
-        p[slots.P_MARK] = watermark_blocks(spec.watermark, kv.num_blocks)
         p[slots.P_LIMIT] = -1 if kv.max_preemptions is None else kv.max_preemptions
-        p[slots.P_COMPOSITION] = COMPOSITIONS.index(spec.composition)
-        p[slots.P_WHOLE], p[slots.P_CHUNK] = int(whole), spec.chunk_size or 0
-        p[slots.P_ORDER], p[slots.P_VICTIM] = ORDERS.index(spec.order), VICTIMS.index(spec.victim)
+        wait_s = _spec_params(spec, p, kv)
+        #: A whole-prompt budget rejects longer prompts on arrival (``None``: none).
+        self.budget = (spec.max_num_batched_tokens if isinstance(spec, SchedulingSpec)
+                       and spec.admission == "whole" else None)
+        #: The most rows a step has: the batch rows the arrays are sized by.
+        self.max_rows = int(p[slots.P_MAX_SEQS])
         _, self.analytic, self.terms, self.dense, layers, tp = cost_inputs(cost, kind)
         p[slots.P_COST], p[slots.P_LAYERS], p[slots.P_TP] = kind, layers, tp
         p[slots.P_HAS_HORIZON] = int(horizon_s is not None)
         p[slots.P_HOLD] = int(hold)  # finished requests keep their KV (compiled_handoff)
         self.params_i = p
-        self.params_f = np.array([math.inf if horizon_s is None else horizon_s])
+        self.params_f = np.zeros(slots.NUM_PARAMS_F)
+        self.params_f[slots.PF_HORIZON] = math.inf if horizon_s is None else horizon_s
+        self.params_f[slots.PF_WAIT] = wait_s
         # the batch's rows (running list, plan, victims): sized by ``append``, at most
-        # ``max_num_seqs`` (or the requests handed over) plus room for the checks
+        # ``max_num_seqs`` (or the requests handed over) plus room for the checks; a
+        # run-to-completion batch's members and padding rows beside them (``batch``)
         self.running = np.empty(0, dtype=np.int64)
         self.plan_idx = self.plan_n = self.pre_idx = self.running
+        self.batch = np.empty((slots.NUM_BATCH_ROWS, 0), dtype=np.int64)
         # one row per request (its fields side by side: one cache line per request a step)
         self.req_i = np.zeros((0, loop_rows(loop)[0]), dtype=np.int64)
         self.req_f = np.zeros((0, loop_rows(loop)[1]))
@@ -121,8 +135,10 @@ class CompiledReplica:
         self.entry_reason: dict[int, str] = {}
         from sim.engine import compiled_plan as cp
         self._cp = cp  # the column numbers ``_fill`` writes (numba loads with the loop)
-        #: Requests carry a deadline (edf order or deadline victims), set from the arrival.
-        self.deadlines = spec.order == "edf" or spec.victim == "deadline"
+        #: A request's TTFT target by its priority, when requests carry a deadline (``edf``
+        #: order or ``deadline`` victims: arrival + target); else ``None``.
+        self.target_s = (spec.target_s if isinstance(spec, SchedulingSpec) and (
+            spec.order == "edf" or spec.victim == "deadline") else None)
         self._room_for = 0  # requests the arrays hold without growing (``_make_room``)
         #: Counts the times an array was replaced or resized (a caller that keeps references
         #: to them takes them again when it changed).
@@ -146,10 +162,10 @@ class CompiledReplica:
         pri = np.zeros(m, dtype=np.int64) if priority is None else np.asarray(priority,
                                                                                  np.int64)
         arrival = np.asarray(arrival_s, dtype=np.float64)
-        spec = self.spec
-        deadline = ([a + spec.target_s(int(q)) for a, q in
+        target = self.target_s
+        deadline = ([a + target(int(q)) for a, q in
                      zip(arrival.tolist(), pri.tolist(), strict=True)]
-                    if self.deadlines else None)
+                    if target is not None else None)
         self._fill(slice(k, n), arrival, prompt, out, pri, deadline)
         self._reject_on_entry(k, prompt, out)
         self.st_i[slots.S_KNOWN] = n
@@ -159,7 +175,8 @@ class CompiledReplica:
         writes instead of arrays of one element; returns its row."""
         k = int(self.st_i[slots.S_KNOWN])
         self._make_room(k + 1)
-        deadline = arrival_s + self.spec.target_s(priority) if self.deadlines else None
+        target = self.target_s
+        deadline = arrival_s + target(priority) if target is not None else None
         self._fill(k, arrival_s, prompt, out, priority, deadline)
         self._reject_on_entry(k, (prompt,), (out,))
         self.st_i[slots.S_KNOWN] = k + 1
@@ -200,19 +217,23 @@ class CompiledReplica:
             if len(arr) < n:
                 setattr(self, name, np.resize(arr, _room(len(arr), n)) if len(arr)
                         else np.empty(n, arr.dtype))
-        spec = self.spec
-        rows = min(spec.max_num_seqs, n) + 2
+        most = self.max_rows
+        rows = min(most, n) + 2
         if len(self.running) < rows:
             # kept, not cleared: the last step's plan is read by a driver (compiled_drive)
-            rows = min(spec.max_num_seqs + 2, _room(len(self.running), rows))
+            rows = min(most + 2, _room(len(self.running), rows))
             for name in ("running", "plan_idx", "plan_n", "pre_idx"):
                 arr = getattr(self, name)
                 setattr(self, name, np.resize(arr, rows) if len(arr) else np.empty(
                     rows, dtype=np.int64))
+            if self.params_i[slots.P_COMPOSITION] == slots.RUN_TO_COMPLETION:
+                grown = np.zeros((slots.NUM_BATCH_ROWS, rows), dtype=np.int64)
+                grown[:, :self.batch.shape[1]] = self.batch  # the members in flight kept
+                self.batch = grown
         self.layout += 1
         # the most requests the arrays now hold without growing (the batch rows are enough
         # for any count once they reach ``max_num_seqs + 2``)
-        batch = (_BIG if len(self.running) >= spec.max_num_seqs + 2
+        batch = (_BIG if len(self.running) >= most + 2
                  else len(self.running) - 2)
         self._room_for = min(len(self.req_i), len(self.req_f), len(self.hkeys),
                              len(self.hranks), len(self.hitems), len(self.pending), batch)
@@ -228,15 +249,15 @@ class CompiledReplica:
         (``compiled_slots.DONE``, ``PAUSED``, ``IDLE``). ``watched``: another thread reads
         the progress, so the loop returns to Python every ``DEADLINE_STEPS`` steps (a compiled
         call holds the GIL)."""
-        loop = self.loop
+        run = self.run
         steps = DEADLINE_STEPS if deadline is not None or watched else _BIG
         while True:
-            code = loop.run(self.req_i, self.req_f, self.running, self.hkeys, self.hranks,
+            code = run(self.req_i, self.req_f, self.running, self.hkeys, self.hranks,
                             self.hitems, self.pending, self.plan_idx, self.plan_n,
                             self.pre_idx, self.params_i, self.params_f, self.analytic,
                             self.terms, self.dense, self.log_i, self.log_f, self.log_b,
                             self.irr, self.irr_count, self.st_i, self.st_f, float(t),
-                            steps, self.residues)
+                            steps, self.residues, self.batch)
             if code == slots.LOG_FULL or code == slots.IRR_FULL:
                 self.make_room(code)
             elif code == slots.PAUSED and steps != _BIG and self.now <= t:  # an allowance
@@ -260,13 +281,16 @@ class CompiledReplica:
         if code == slots.IRR_FULL:
             self.irr.resize((2 * len(self.irr), 2), refcheck=False)
             self.irr_count.resize(len(self.irr), refcheck=False)
-        elif self.on_log_full is not None and self.on_log_full(self):
-            return  # folded: the same buffers, emptied
-        else:
-            rows = 2 * len(self.log_i)
-            self.log_i.resize((rows, len(INT_COLUMNS)), refcheck=False)
-            self.log_f.resize((rows, len(FLOAT_COLUMNS)), refcheck=False)
-            self.log_b.resize(rows, refcheck=False)
+            self.layout += 1
+        elif self.on_log_full is None or not self.on_log_full(self):  # else folded, emptied
+            self.resize_log(2 * len(self.log_i))
+
+    def resize_log(self, rows: int) -> None:
+        """Give the step log buffers room for ``rows`` steps, the steps held kept (as many
+        as fit)."""
+        self.log_i.resize((rows, len(INT_COLUMNS)), refcheck=False)
+        self.log_f.resize((rows, len(FLOAT_COLUMNS)), refcheck=False)
+        self.log_b.resize(rows, refcheck=False)
         self.layout += 1
 
     @property
@@ -305,9 +329,9 @@ class CompiledReplica:
             code = ri[cp.RI_REASON, i]
             if code == slots.ON_ARRIVAL:
                 reason[i] = self.entry_reason[i]
-            elif code == slots.OVER_BUDGET:
+            elif code == slots.OVER_BUDGET:  # whole-prompt admission only
                 reason[i] = (f"prompt of {ri[cp.RI_PROMPT, i] + ri[cp.RI_GENERATED, i]} tokens "
-                             f"exceeds max_num_batched_tokens={self.spec.max_num_batched_tokens}")
+                             f"exceeds max_num_batched_tokens={self.budget}")
             elif code == slots.PREEMPTED_TOO_OFTEN:
                 k = ri[cp.RI_NPRE, i]
                 reason[i] = (f"preempted {k} time{'s' if k > 1 else ''} "
@@ -321,6 +345,32 @@ class CompiledReplica:
         """The bound names of the first ``rows`` logged steps (an object array)."""
         from sim.engine.compiled_cost import BOUND_NAMES
         return np.array(BOUND_NAMES, dtype=object)[self.log_b[:rows]]
+
+
+def _spec_params(spec: SchedulingSpec | BatchSpec, p: np.ndarray, kv: KVConfig) -> float:
+    """Write what the interpreter reads of ``spec`` into the parameters ``p``; returns the
+    wait of a run-to-completion batch (``inf``: none, or an iteration-level spec)."""
+    if isinstance(spec, BatchSpec):  # one composition of its own, the newest as victim
+        p[slots.P_MAX_SEQS], p[slots.P_MAX_TOKENS] = spec.batch_size, NO_LIMIT
+        p[slots.P_COMPOSITION] = slots.RUN_TO_COMPLETION
+        p[slots.P_ORDER], p[slots.P_VICTIM] = ORDERS.index(spec.order), 0
+        return spec.wait_or_inf_s
+    p[slots.P_MAX_SEQS], p[slots.P_MAX_TOKENS] = spec.max_num_seqs, spec.max_num_batched_tokens
+    p[slots.P_MARK] = watermark_blocks(spec.watermark, kv.num_blocks)
+    p[slots.P_COMPOSITION] = COMPOSITIONS.index(spec.composition)
+    p[slots.P_WHOLE] = int(spec.admission == "whole")
+    p[slots.P_CHUNK] = spec.chunk_size or 0
+    p[slots.P_ORDER], p[slots.P_VICTIM] = ORDERS.index(spec.order), VICTIMS.index(spec.victim)
+    return math.inf
+
+
+def run_loop(spec: SchedulingSpec | BatchSpec) -> Any:
+    """The compiled loop that runs ``spec`` (imports numba)."""
+    if isinstance(spec, BatchSpec):
+        from sim.engine.compiled_batch import run_batches
+        return run_batches
+    from sim.engine.compiled_loop import run
+    return run
 
 
 def loop_rows(loop: Any) -> tuple[int, int]:

@@ -27,10 +27,12 @@ def _cached(dispatcher: object) -> bool:
     return bool(index)
 
 
-def loop_is_cached(routed: bool = False, planned: bool = False, series: bool = False) -> bool:
-    """True when numba's cache holds the compiled loop (and, for a routed run, the routing
-    loop, ``compiled_route``; for a Python policy's plans, ``compiled_loop.apply_plan``; for
-    the general engine's skipped stretches and steps, ``compiled_skip.decode_series`` and
+def loop_is_cached(routed: bool = False, planned: bool = False, series: bool = False,
+                   batches: bool = False) -> bool:
+    """True when numba's cache holds the compiled loop (``compiled_batch.run_batches`` for
+    run-to-completion ``batches``; and, for a routed run, the routing loop,
+    ``compiled_route``; for a Python policy's plans, ``compiled_loop.apply_plan``; for the
+    general engine's skipped stretches and steps, ``compiled_skip.decode_series`` and
     ``shape_step``) for the current sources; False when the next run would compile. Reading
     the index takes about a millisecond (asked only of runs of 1,000 requests or more).
     """
@@ -38,6 +40,10 @@ def loop_is_cached(routed: bool = False, planned: bool = False, series: bool = F
         from sim.engine import compiled_skip  # imports numba
 
         return _cached(compiled_skip.decode_series) and _cached(compiled_skip.shape_step)
+    if batches:
+        from sim.engine import compiled_batch  # imports numba
+
+        return _cached(compiled_batch.run_batches)
     from sim.engine import compiled_loop  # imports numba
 
     if not _cached(compiled_loop.apply_plan if planned else compiled_loop.run):

@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "7a6116f50872969811807ece36ef3fb94e69f127e59d283b37fd3d4273c9da71"
+LOOP_SHA256 = "5710fafbb4522745624b7d8259001a9d2f25eb5c8917b3d80b37da6707f350a6"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 
@@ -124,7 +124,7 @@ def advance_and_count(s, until_s, t):  # noqa: ANN001, ANN201
     code = loop.run(s.req_i, s.req_f, s.running, s.hkeys, s.hranks, s.hitems, s.pending,
                     s.plan_idx, s.plan_n, s.pre_idx, s.params_i, s.params_f, s.analytic,
                     s.terms, s.dense, s.log_i, s.log_f, s.log_b, s.irr, s.irr_count, s.st_i,
-                    s.st_f, until_s, _BIG, s.residues)
+                    s.st_f, until_s, _BIG, s.residues, s.batch)
     if code == loop.PAUSED or code == loop.IDLE:
         load_now(s.req_i, s.req_f, s.running, s.hitems, s.pending, s.plan_idx, s.plan_n,
                  s.log_i, s.st_i, s.st_f, t, s.out)
@@ -282,12 +282,12 @@ def run_driven(reqs: Sequence[Request], ids: np.ndarray, driver: Any, policies: 
     ``driver``; fill each replica's log; return the outcomes of each replica (its admission
     order) and the replica of each request (arrival order)."""
     from sim.engine.compiled_run import hand_over
-    from sim.engine.coverage import spec_of
+    from sim.engine.coverage import iteration_spec_of
 
     order: list[int] = []
     reps = []
     for k, policy in enumerate(policies):
-        spec = spec_of(policy)
+        spec = iteration_spec_of(policy)
         assert spec is not None  # the allow-list admitted only presets of the specification
         reps.append(DrivenCompiled(k, spec, cost, kv, max_model_len=max_model_len,
                                    name=policy.name, order=order))

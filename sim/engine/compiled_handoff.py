@@ -42,7 +42,7 @@ from sim.engine.compiled_drive import (
     count_now,
 )
 from sim.engine.compiled_queue import push
-from sim.engine.coverage import spec_of
+from sim.engine.coverage import iteration_spec_of
 from sim.kv.config import KVConfig
 
 
@@ -51,7 +51,7 @@ class HandoffCompiled(DrivenCompiled):
 
     def __init__(self, index: int, policy: Any, cost: Any, kv: KVConfig, *,
                  max_model_len: int | None, hold: bool) -> None:
-        spec = spec_of(policy)
+        spec = iteration_spec_of(policy)
         assert spec is not None  # the allow-list admitted only presets of the specification
         super().__init__(index, spec, cost, kv, max_model_len=max_model_len,
                          name=policy.name, order=[])
@@ -110,8 +110,8 @@ class HandoffCompiled(DrivenCompiled):
             ri[k, cp.RI_ENTRY] = slots.NO_REASON  # the driver refused what can never fit
             rep.entry_reason.pop(k, None)
             rf[k, cp.RF_FIRST_TOKEN] = rf[k, cp.RF_LAST_TOKEN] = first
-            if rep.deadlines:  # from the arrival, not the landing
-                rf[k, cp.RF_DEADLINE] = req.arrival_s + self.spec.target_s(req.priority)
+            if rep.target_s is not None:  # from the arrival, not the landing
+                rf[k, cp.RF_DEADLINE] = req.arrival_s + rep.target_s(req.priority)
             self.row[req.id] = k
             self.ids.append(req.id)
 

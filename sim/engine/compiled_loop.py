@@ -8,6 +8,12 @@ step. Every step is one O(running) pass; nothing is aggregated, so the code read
 general engine does. The whole state lives in the arrays ``sim.engine.compiled`` owns, so a run
 can stop at any scheduling point (a full log buffer, a time to advance to, a step allowance)
 and resume exactly where it stopped, with requests appended in between.
+
+A scheduling point opens (``open_point``), idles (``idle_until``) and carries out its plan
+(``carry_out``) the same way whoever planned it: ``run`` for the iteration-level
+compositions, ``sim.engine.compiled_batch.run_batches`` for run-to-completion batches (each
+its own entry, so neither compiles the other's plans: numba's first compile of a loop grows
+with all the code it reaches).
 """
 from __future__ import annotations
 
@@ -38,13 +44,12 @@ from sim.engine.compiled_plan import (
     RI_BLOCKS,
     RI_COMPUTED,
     RI_DONE,
-    RI_ENTRY,
     RI_GENERATED,
     RI_ID,
     RI_MAX_HELD,
-    RI_NEXT_SETTLED,
     RI_NPRE,
     RI_OUT,
+    RI_PAD_CTX,
     RI_PRIORITY,
     RI_PROMPT,
     RI_REASON,
@@ -53,8 +58,17 @@ from sim.engine.compiled_plan import (
     plan_whole,
 )
 from sim.engine.compiled_queue import order_key, push
+from sim.engine.compiled_requests import (
+    drop_kv,
+    keep_running,
+    mark_requeued,
+    settled,
+    take_arrivals,
+)
 from sim.engine.compiled_skip import shape_step, steady_stretch
 from sim.engine.compiled_slots import (
+    B_PAD_CTX,
+    B_PAD_N,
     BY_POLICY,
     DONE,
     FINISHED,
@@ -66,6 +80,8 @@ from sim.engine.compiled_slots import (
     L_DURATION,
     L_FLOPS,
     L_LIVE,
+    L_PAD_ROWS,
+    L_PAD_TOKENS,
     L_PREFILL,
     L_RECOMPUTED,
     L_REGULAR,
@@ -74,7 +90,6 @@ from sim.engine.compiled_slots import (
     L_USED,
     L_WAITING,
     LOG_FULL,
-    NO_REASON,
     OUTGREW,
     OVER_BUDGET,
     P_BS,
@@ -85,7 +100,6 @@ from sim.engine.compiled_slots import (
     P_HAS_HORIZON,
     P_HOLD,
     P_LAYERS,
-    P_LIMIT,
     P_MARK,
     P_MAX_SEQS,
     P_MAX_TOKENS,
@@ -96,7 +110,6 @@ from sim.engine.compiled_slots import (
     P_WHOLE,
     PAUSED,
     PF_HORIZON,
-    PREEMPTED_TOO_OFTEN,
     REJECTED,
     RUNNING,
     S_ACCEPTING,
@@ -106,12 +119,11 @@ from sim.engine.compiled_slots import (
     S_N_IRR,
     S_N_LOG,
     S_N_PENDING,
+    S_N_REJOIN,
     S_N_RUN,
     S_NXT,
     S_PRE_SEQ,
     S_QUEUED,
-    S_SETTLED_FIRST,
-    S_SETTLED_LAST,
     S_STAMP,
     S_USED,
     SF_NOW,
@@ -122,11 +134,11 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "deea7d1ce70eccde27b4fea0a54a0d44944df216921f8d0087918076eb26eb0e"
+RULES_SHA256 = "14d05ecfd2c6d183467b18a8e3e8bd2aa1c415391a34f1f25c35e342d145edc8"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",
-                "sim/engine/compiled_slots.py")
+                "sim/engine/compiled_slots.py", "sim/engine/compiled_requests.py")
 
 
 def rules_sha256(sources: tuple[str, ...] = RULE_SOURCES) -> str:
@@ -161,20 +173,6 @@ def _irregular(irr: np.ndarray, irr_count: np.ndarray, n_irr: int, at: float, ga
 
 
 @njit(**KERNEL)
-def settled(req_i: np.ndarray, st_i: np.ndarray, params_i: np.ndarray, i: int) -> None:
-    """Chain request ``i``, which just finished or was rejected, after the last one that
-    settled, on a replica that lists them (``P_HOLD``; ``compiled_slots``)."""
-    if params_i[P_HOLD] == 0:
-        return
-    last = st_i[S_SETTLED_LAST]
-    if last:
-        req_i[last - 1, RI_NEXT_SETTLED] = i + 1
-    else:
-        st_i[S_SETTLED_FIRST] = i + 1
-    st_i[S_SETTLED_LAST] = i + 1
-
-
-@njit(**KERNEL)
 def _requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
              params_i: np.ndarray, hkeys: np.ndarray, hranks: np.ndarray, hitems: np.ndarray,
              pending: np.ndarray, now: float) -> None:
@@ -182,32 +180,6 @@ def _requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
     leads), or reject it past ``kv.max_preemptions``."""
     if drop_kv(req_i, req_f, v, st_i, params_i, now):
         requeue(req_i, req_f, v, st_i, params_i, hkeys, hranks, hitems, pending)
-
-
-@njit(**KERNEL)
-def drop_kv(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
-            params_i: np.ndarray, now: float) -> bool:
-    """The first half of ``_preempt`` (recompute): drop ``v``'s KV; past
-    ``kv.max_preemptions`` reject it (False), else it is to be queued again (True)."""
-    st_i[S_LIVE] -= req_i[v, RI_COMPUTED]
-    req_i[v, RI_COMPUTED] = 0
-    st_i[S_USED] -= req_i[v, RI_BLOCKS]
-    req_i[v, RI_BLOCKS] = 0
-    limit = params_i[P_LIMIT]
-    if limit >= 0 and req_i[v, RI_NPRE] >= limit:
-        req_i[v, RI_NPRE] += 1
-        req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, PREEMPTED_TOO_OFTEN
-        req_f[v, RF_FINISH] = now
-        settled(req_i, st_i, params_i, v)
-        return False
-    return True
-
-
-@njit(**KERNEL)
-def mark_requeued(req_i: np.ndarray, v: int) -> None:
-    """``Seq.preempt``'s counters: one preemption more, waiting again."""
-    req_i[v, RI_NPRE] += 1
-    req_i[v, RI_STATUS] = WAITING
 
 
 @njit(**KERNEL)
@@ -230,27 +202,18 @@ def requeue(req_i: np.ndarray, req_f: np.ndarray, v: int, st_i: np.ndarray,
 
 
 @njit(**KERNEL)
-def _keep_running(req_i: np.ndarray, running: np.ndarray, n_run: int) -> int:
-    """Drop the requests that left the running set (their status says so), keeping the
-    admission order; returns the new count."""
-    kept = 0
-    for r in range(n_run):
-        i = running[r]
-        if req_i[i, RI_STATUS] == RUNNING:
-            running[kept] = i
-            kept += 1
-    return kept
-
-
-@njit(**KERNEL)
-def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, ctx, params_i,  # noqa: ANN001, ANN201, C901
-              analytic, terms, dense, log_i, log_f, log_b, irr, irr_count, st_i, st_f):
-    """Carry out the plan of ``n_plan`` rows in ``plan_idx``/``plan_n`` at the clock, its
-    preemptions done: ``_launch`` (admit, grow the KV, each row's context after the step into
-    the scratch ``ctx``), the step's cost (``shape_step``), ``_commit`` and ``settle``, and
-    ``StepLog.record`` (the queue it logs is ``S_N_HEAP`` + ``S_N_PENDING``, as the plan left
-    them); the clock moves to the step's end. Returns the running count, and whether the
-    step admitted a request, saw one leave and computed prefill tokens."""
+def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, batch, n_pad, ctx,  # noqa: ANN001, ANN201, C901
+              new, params_i, analytic, terms, dense, log_i, log_f, log_b, irr, irr_count, st_i,
+              st_f):
+    """Carry out the plan of ``n_plan`` rows in ``plan_idx``/``plan_n`` and ``n_pad`` padding
+    rows in ``batch`` at the clock, its preemptions done: ``_launch`` (admit, grow the KV, each
+    row's context after the step into the scratch ``ctx``; with padding, the step's tokens a
+    row into the scratch ``new``), the step's cost (``shape_step``), ``_commit`` and
+    ``settle``, and ``StepLog.record`` (the queue it logs is ``S_N_HEAP`` + ``S_N_PENDING`` +
+    ``S_N_REJOIN``, as the plan left them); the clock moves to the step's end. A request that
+    leaves keeps the context it had as ``RI_PAD_CTX`` (a run-to-completion batch pads its row
+    from there). Returns the running count, and whether the step admitted a request, saw one
+    leave and computed prefill tokens."""
     bs, num_blocks, capacity = params_i[P_BS], params_i[P_NUM_BLOCKS], params_i[P_CAPACITY]
     kind, layers, tp = params_i[P_COST], params_i[P_LAYERS], params_i[P_TP]
     hold = params_i[P_HOLD] != 0  # finished requests keep their KV (``settled``)
@@ -285,8 +248,18 @@ def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, ctx, param
         else:
             num_prefill += n
     st_i[S_USED] = used
-    secs, flops, nbytes, bound = shape_step(kind, analytic, terms, dense, layers, tp,
-                                            plan_n[:n_plan], ctx[:n_plan])
+    pad = 0
+    if n_pad:  # the padding rows after the plan's, as ``BatchShape`` has them
+        for k in range(n_plan):
+            new[k] = plan_n[k]
+        for k in range(n_pad):
+            new[n_plan + k], ctx[n_plan + k] = batch[B_PAD_N, k], batch[B_PAD_CTX, k]
+            pad += batch[B_PAD_N, k]
+        secs, flops, nbytes, bound = shape_step(kind, analytic, terms, dense, layers, tp,
+                                                new[:n_plan + n_pad], ctx[:n_plan + n_pad])
+    else:
+        secs, flops, nbytes, bound = shape_step(kind, analytic, terms, dense, layers, tp,
+                                                plan_n[:n_plan], ctx[:n_plan])
     end = now + secs
     # -- ``_commit``: computed tokens catch up, tokens sampled; then ``settle``: finished
     # requests leave, a context that outgrew the cache too (what the step held and the
@@ -326,9 +299,11 @@ def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, ctx, param
                 req_i[i, RI_BLOCKS] = 0
             live -= c
             left = True
+            req_i[i, RI_PAD_CTX] = c
             settled(req_i, st_i, params_i, i)
         elif c >= capacity and (req_i[i, RI_PROMPT] + gen - c == 1
                                 and blocks_for(c + 1, bs) > num_blocks):
+            req_i[i, RI_PAD_CTX] = c
             used -= req_i[i, RI_BLOCKS]
             req_i[i, RI_BLOCKS] = 0
             req_i[i, RI_COMPUTED] = 0
@@ -338,13 +313,14 @@ def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, ctx, param
             left = True
             settled(req_i, st_i, params_i, i)
     if left:
-        n_run = _keep_running(req_i, running, n_run)
+        n_run = keep_running(req_i, running, n_run)
     # -- ``StepLog.record`` --------------------------------------------------------------
     log_i[n_log, L_SEQS], log_i[n_log, L_PREFILL] = n_plan, num_prefill
     log_i[n_log, L_DECODE], log_i[n_log, L_RECOMPUTED] = num_decode, recomputed
-    log_i[n_log, L_WAITING] = st_i[S_N_HEAP] + st_i[S_N_PENDING]
+    log_i[n_log, L_WAITING] = st_i[S_N_HEAP] + st_i[S_N_PENDING] + st_i[S_N_REJOIN]
     log_i[n_log, L_USED], log_i[n_log, L_REGULAR] = st_i[S_USED], regular
     log_i[n_log, L_LIVE] = logged_live
+    log_i[n_log, L_PAD_TOKENS], log_i[n_log, L_PAD_ROWS] = pad, n_pad
     log_f[n_log, L_START], log_f[n_log, L_DURATION] = now, end - now
     log_f[n_log, L_FLOPS], log_f[n_log, L_BYTES] = flops, nbytes
     log_b[n_log] = bound
@@ -355,56 +331,78 @@ def carry_out(req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, ctx, param
 
 
 @njit(**KERNEL)
-def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n, pre_idx,  # noqa: ANN001, ANN201, C901
+def open_point(req_i, req_f, pending, hkeys, hranks, hitems, params_i, params_f, log_i, irr,  # noqa: ANN001, ANN201
+               st_i, st_f, headroom, until_s, steps, max_steps):
+    """The start of a scheduling point at the clock, the first half of ``Replica.begin``:
+    -1 when a plan is to be made, after taking the arrivals (``take_arrivals``) and
+    rejecting the recomputes over a whole-prompt budget that the last step queued; else the
+    code the loop returns with — a full log buffer (``LOG_FULL``, ``IRR_FULL``: ``headroom``
+    irregular rows one step can write), the horizon (``DONE``), the time to advance to or the
+    step allowance reached (``PAUSED``)."""
+    if st_i[S_N_LOG] >= log_i.shape[0]:
+        return LOG_FULL
+    if st_i[S_N_IRR] + headroom > irr.shape[0]:
+        return IRR_FULL
+    now = st_f[SF_NOW]
+    if params_i[P_HAS_HORIZON] != 0 and now >= params_f[PF_HORIZON]:
+        return DONE
+    if now > until_s or steps >= max_steps:
+        return PAUSED
+    take_arrivals(req_i, req_f, st_i, params_i, hkeys, hranks, hitems, now)
+    for j in range(st_i[S_N_PENDING]):  # recomputes over the budget, from the last step
+        v = pending[j]
+        req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, OVER_BUDGET
+        req_f[v, RF_FINISH] = now
+        settled(req_i, st_i, params_i, v)
+    st_i[S_N_PENDING] = 0
+    return -1
+
+
+@njit(**KERNEL)
+def idle_until(req_f: np.ndarray, st_i: np.ndarray, st_f: np.ndarray, n_run: int,
+               n_queued: int, wake: float) -> int:
+    """An empty plan (``Replica._idle_until``): the clock moves to the plan's ``wake`` or the
+    next arrival, whichever comes first (-1: plan again there); with neither, the replica
+    waits for requests not handed over yet (``IDLE``), or the run ends (``DONE``; ``STALLED``
+    with ``n_run`` running and ``n_queued`` queued requests left)."""
+    st_i[S_QUEUED] = n_queued
+    nxt = st_i[S_NXT]
+    if nxt < st_i[S_KNOWN] and req_f[nxt, RF_ARRIVAL] < wake:
+        wake = req_f[nxt, RF_ARRIVAL]
+    if wake < np.inf:
+        st_f[SF_NOW] = wake
+        return -1
+    if st_i[S_ACCEPTING]:
+        return IDLE
+    return STALLED if n_run or n_queued else DONE
+
+
+@njit(**KERNEL)
+def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n, pre_idx,  # noqa: ANN001, ANN201
         params_i, params_f, analytic, terms, dense, log_i, log_f, log_b, irr, irr_count, st_i,
-        st_f, until_s, max_steps, residues):
-    """Run scheduling points from the state in ``st_i``/``st_f`` until the run ends
-    (``DONE``; ``STALLED``: an empty plan with requests left and none to come), the clock
-    passes ``until_s`` or ``max_steps`` steps are done (``PAUSED``), the replica waits for
-    requests not yet handed over (``IDLE``) or a log buffer fills (``LOG_FULL``,
-    ``IRR_FULL``: grow it and call again). Returns the code."""
+        st_f, until_s, max_steps, residues, batch):
+    """Run scheduling points of an iteration-level specification from the state in
+    ``st_i``/``st_f`` until the run ends (``DONE``; ``STALLED``: an empty plan with requests
+    left and none to come), the clock passes ``until_s`` or ``max_steps`` steps are done
+    (``PAUSED``), the replica waits for requests not yet handed over (``IDLE``) or a log
+    buffer fills (``LOG_FULL``, ``IRR_FULL``: grow it and call again). Returns the code.
+    (``batch`` is run-to-completion batches' array, unread here: ``compiled_batch.run_batches``
+    takes the same arguments.)"""
     bs, num_blocks = params_i[P_BS], params_i[P_NUM_BLOCKS]
     max_seqs, max_tokens, mark = params_i[P_MAX_SEQS], params_i[P_MAX_TOKENS], params_i[P_MARK]
     composition, whole, chunk = params_i[P_COMPOSITION], params_i[P_WHOLE] != 0, \
         params_i[P_CHUNK]
-    order, victim = params_i[P_ORDER], params_i[P_VICTIM]
-    has_horizon, horizon = params_i[P_HAS_HORIZON] != 0, params_f[PF_HORIZON]
+    victim = params_i[P_VICTIM]
     hold = params_i[P_HOLD] != 0  # finished requests keep their KV (``settled``)
     headroom = plan_idx.shape[0] + 1  # irregular rows one step can write, at most
     ctx = np.empty(plan_idx.shape[0], dtype=np.int64)  # carry_out's scratch, once a call
     steps = 0
     while True:
-        n_log, n_irr = st_i[S_N_LOG], st_i[S_N_IRR]
-        if n_log >= log_i.shape[0]:
-            return LOG_FULL
-        if n_irr + headroom > irr.shape[0]:
-            return IRR_FULL
+        code = open_point(req_i, req_f, pending, hkeys, hranks, hitems, params_i, params_f,
+                          log_i, irr, st_i, st_f, headroom, until_s, steps, max_steps)
+        if code >= 0:
+            return code
         now = st_f[SF_NOW]
-        if has_horizon and now >= horizon:
-            return DONE
-        if now > until_s or steps >= max_steps:
-            return PAUSED
-        # -- ``_take_arrivals`` (and the rejections the plan would make at once) --------------
-        nxt = st_i[S_NXT]
-        while nxt < st_i[S_KNOWN] and req_f[nxt, RF_ARRIVAL] <= now:
-            entry = req_i[nxt, RI_ENTRY]
-            if entry != NO_REASON:
-                req_i[nxt, RI_STATUS], req_i[nxt, RI_REASON] = REJECTED, entry
-                req_f[nxt, RF_FINISH] = now
-                settled(req_i, st_i, params_i, nxt)
-            else:  # keyed by its uncomputed tokens: a request that brought its KV has one
-                st_i[S_N_HEAP] = push(hkeys, hranks, hitems, st_i[S_N_HEAP], order_key(
-                    order, req_i[nxt, RI_PROMPT] + req_i[nxt, RI_GENERATED]
-                    - req_i[nxt, RI_COMPUTED], req_i[nxt, RI_PRIORITY],
-                    req_f[nxt, RF_DEADLINE]), nxt, nxt)
-            nxt += 1
-        st_i[S_NXT] = nxt
-        for j in range(st_i[S_N_PENDING]):  # recomputes over the budget, from the last step
-            v = pending[j]
-            req_i[v, RI_STATUS], req_i[v, RI_REASON] = REJECTED, OVER_BUDGET
-            req_f[v, RF_FINISH] = now
-            settled(req_i, st_i, params_i, v)
-        st_i[S_N_PENDING] = 0
         n_run, n_heap = st_i[S_N_RUN], st_i[S_N_HEAP]
         n_plan = n_pre = 0
         if n_run or n_heap:
@@ -425,25 +423,22 @@ def run(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n,
             for j in range(n_pre):  # KV (``Replica.begin``); plan again at the same instant
                 _requeue(req_i, req_f, pre_idx[j], st_i, params_i, hkeys, hranks, hitems,
                          pending, now)
-            st_i[S_N_RUN] = _keep_running(req_i, running, n_run)
+            st_i[S_N_RUN] = keep_running(req_i, running, n_run)
             continue
         if n_plan == 0:  # idle: until the next arrival, or for good
-            st_i[S_QUEUED] = n_heap
-            if nxt < st_i[S_KNOWN]:
-                st_f[SF_NOW] = req_f[nxt, RF_ARRIVAL]
-                continue
-            if st_i[S_ACCEPTING]:
-                return IDLE
-            return STALLED if n_run or n_heap else DONE
+            code = idle_until(req_f, st_i, st_f, n_run, n_heap, np.inf)
+            if code >= 0:
+                return code
+            continue
         # -- preemptions, then ``_launch`` ------------------------------------------------
         for j in range(n_pre):
             _requeue(req_i, req_f, pre_idx[j], st_i, params_i, hkeys, hranks, hitems, pending,
                      now)
         if n_pre:
-            n_run = _keep_running(req_i, running, n_run)
+            n_run = keep_running(req_i, running, n_run)
         n_run, admitted, left, num_prefill = carry_out(
-            req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, ctx, params_i, analytic,
-            terms, dense, log_i, log_f, log_b, irr, irr_count, st_i, st_f)
+            req_i, req_f, running, n_run, plan_idx, plan_n, n_plan, batch, 0, ctx, plan_n,
+            params_i, analytic, terms, dense, log_i, log_f, log_b, irr, irr_count, st_i, st_f)
         steps += 1
         # (a holding replica serves one-token requests, the prefill side: it never decodes)
         if (n_pre == 0 and not admitted and not left and num_prefill == 0 and not hold
@@ -549,16 +544,16 @@ def apply_plan(s, run, id_base, id_step, pre_rows, rej_rows, max_seqs, max_token
             requeued += 1
     n_run = st_i[S_N_RUN]
     if n_pre:
-        n_run = _keep_running(req_i, s.running, n_run)
+        n_run = keep_running(req_i, s.running, n_run)
     st_i[S_N_RUN] = n_run
     st_i[S_N_HEAP] = queue_len - n_rej + requeued - n_adm  # the queue the step logs
     if n_plan == 0:
         view_columns(req_i, req_f, s.running, n_run, s.out)
         return IDLE, 0, n_run, st_i[S_USED], now
     n_run, joined, left, num_prefill = carry_out(
-        req_i, req_f, s.running, n_run, plan_idx, plan_n, n_plan,
-        np.empty(n_plan, dtype=np.int64), params_i, s.analytic, s.terms, s.dense, s.log_i,
-        s.log_f, s.log_b, s.irr, s.irr_count, st_i, s.st_f)
+        req_i, req_f, s.running, n_run, plan_idx, plan_n, n_plan, s.batch, 0,
+        np.empty(n_plan, dtype=np.int64), plan_n, params_i, s.analytic, s.terms, s.dense,
+        s.log_i, s.log_f, s.log_b, s.irr, s.irr_count, st_i, s.st_f)
     if (steady and n_pre == 0 and not joined and not left and num_prefill == 0
             and params_i[P_HOLD] == 0 and st_i[S_N_LOG] < s.log_i.shape[0]):
         steady_stretch(req_i, req_f, plan_idx, n_plan, s.residues, params_i, s.params_f,

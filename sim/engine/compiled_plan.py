@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from sim.engine import compiled_slots as slots
 from sim.engine.compiled_cost import KERNEL, admits, blocks_needed, max_fitting_tokens, outranks
 from sim.engine.compiled_queue import pop
 
@@ -25,12 +26,18 @@ RI_PROMPT, RI_OUT, RI_PRIORITY, RI_COMPUTED, RI_GENERATED, RI_BLOCKS = 0, 1, 2, 
 RI_NPRE, RI_MAX_HELD, RI_STATUS, RI_REASON, RI_DONE, RI_ENTRY = 6, 7, 8, 9, 10, 11
 RI_NEXT_SETTLED = 12  # the next request to settle, + 1 (``compiled_slots.P_HOLD``)
 RI_ID = 13  # the request's id, for a driver that shows a policy views (``sim.engine.planned``)
-NUM_RI = 14
+# A run-to-completion batch's member (``sim.engine.compiled_batch``): the context its row had
+# in the last step it took part in (as a padding row too, once it left), and the sequence
+# number of its last preemption (the newest preempted rejoins first on ties).
+RI_PAD_CTX, RI_RANK = 14, 15
+NUM_RI = 16
 RF_ARRIVAL, RF_DEADLINE, RF_FIRST_SCHED, RF_FIRST_TOKEN, RF_LAST_TOKEN = 0, 1, 2, 3, 4
 RF_FINISH, RF_MAX_ITL = 5, 6
 NUM_RF = 7
-# Compositions (``SchedulingSpec.composition``) by code.
+# Compositions (``SchedulingSpec.composition``) by code, and a run-to-completion batch
+# (``sim.core.batching.BatchSpec``) after them.
 PREFILL_FIRST, MIXED, DECODE_FIRST = 0, 1, 2
+RUN_TO_COMPLETION = slots.RUN_TO_COMPLETION
 VICTIM_NEWEST = 0
 
 

@@ -51,7 +51,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "7240139a83bb7e25147052d2601256186660c4bbc6e3477a823964e35f9103b5"
+ROUTE_SHA256 = "9b10ac9ebdbf12f7707324da9fa19aeb8601826f1821f2bdb37493044fed15cc"
 ROUTE_SOURCES = ("sim/core/load_rules.py", "sim/core/load_arrays.py",
                  "sim/engine/compiled_drive.py", "sim/engine/compiled_loop.py")
 
@@ -76,7 +76,7 @@ choose = jit_rule(la.choose, lightest_among=jit_rule(la.lightest_among, measure_
 #: ``max_steps`` aside).
 ARRAYS = ("req_i", "req_f", "running", "hkeys", "hranks", "hitems", "pending", "plan_idx",
           "plan_n", "pre_idx", "params_i", "params_f", "analytic", "terms", "dense", "log_i",
-          "log_f", "log_b", "irr", "irr_count", "st_i", "st_f", "residues")
+          "log_f", "log_b", "irr", "irr_count", "st_i", "st_f", "residues", "batch")
 #: How ``route_span`` returned: every arrival routed; a replica needs room; the router must
 #: choose; a replica's interpreter returned another code (``pos[4]``).
 ROUTED, NEED_ROOM, NEED_CHOICE, NEED_LOOP = range(4)
@@ -102,7 +102,7 @@ def _advance(a, drv_i, drv_f, cached, r, t):  # noqa: ANN001, ANN202
     code = loop.run(a[0][r], a[1][r], a[2][r], a[3][r], a[4][r], a[5][r], a[6][r], a[7][r],
                     a[8][r], a[9][r], a[10][r], a[11][r], a[12][r], a[13][r], a[14][r],
                     a[15][r], a[16][r], a[17][r], a[18][r], a[19][r], a[20][r], a[21][r],
-                    np.nextafter(t, -np.inf), _BIG, a[22][r])
+                    np.nextafter(t, -np.inf), _BIG, a[22][r], a[23][r])
     if code != slots.PAUSED and code != slots.IDLE:
         return code
     load_now(a[0][r], a[1][r], a[2][r], a[5][r], a[6][r], a[7][r], a[8][r], a[15][r],
@@ -141,15 +141,15 @@ def _place(a, c, t, prompt, out, priority, deadline, entry):  # noqa: ANN001, AN
 
 @njit(**KERNEL)
 def route_span(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, l17,  # noqa: ANN001, ANN201, C901, PLR0913
-               l18, l19, l20, l21, l22, drv_i, drv_f, cached, arrival, prompt, out, priority,
-               deadline, entry, rule, weight, kv_total, refresh_s, board, read_at, everyone,
-               assign, outstanding, pos):
+               l18, l19, l20, l21, l22, l23, drv_i, drv_f, cached, arrival, prompt, out,
+               priority, deadline, entry, rule, weight, kv_total, refresh_s, board, read_at,
+               everyone, assign, outstanding, pos):
     """Route arrivals from ``pos`` (arrival, replica, stage, choice) on (module docstring);
     returns ``ROUTED`` or why Python must step in (``pos`` says where to resume). ``l0`` ..
-    ``l22``: the typed lists of ``ARRAYS`` (one argument each: a tuple of them would cost a
+    ``l23``: the typed lists of ``ARRAYS`` (one argument each: a tuple of them would cost a
     slow type dispatch on every return from Python)."""
     a = (l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, l17, l18,
-         l19, l20, l21, l22)
+         l19, l20, l21, l22, l23)
     n, num = len(arrival), len(drv_i)
     j, r0, stage = pos[0], pos[1], pos[2]
     while j < n:
@@ -215,10 +215,11 @@ def route_all(reps: Sequence[DrivenCompiled], ids: np.ndarray, arrival: np.ndarr
     read_at = np.array([-math.inf])
     assign = np.full(n, -1, dtype=np.int64)
     outstanding = np.zeros((n, num), dtype=np.int64)
-    spec, first = comp[0].spec, comp[0]
+    first = comp[0]
     deadline = np.full(n, math.nan)
-    if spec.order == "edf" or spec.victim == "deadline":  # as CompiledReplica.append has it
-        deadline[:] = [a_ + spec.target_s(int(q)) for a_, q in
+    target = first.target_s
+    if target is not None:  # as CompiledReplica.append has it
+        deadline[:] = [a_ + target(int(q)) for a_, q in
                        zip(arrival.tolist(), priority.tolist(), strict=True)]
     reasons = entry_rejections(prompt, out, first.kv, first.budget, first.max_model_len)
     entry = np.zeros(n, dtype=np.bool_)

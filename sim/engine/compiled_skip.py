@@ -38,6 +38,8 @@ from sim.engine.compiled_slots import (
     L_DURATION,
     L_FLOPS,
     L_LIVE,
+    L_PAD_ROWS,
+    L_PAD_TOKENS,
     L_PREFILL,
     L_RECOMPUTED,
     L_REGULAR,
@@ -66,7 +68,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the rules these
 # functions compile in are pinned here (tests/test_scheduling.py recomputes it), so a change
 # to one of them invalidates them too, whether they are called from the loop or from Python.
-SKIP_SHA256 = "404203d4598a71f753bc6402c68ac420e06734bee255e44dac1e8b1f8b32544d"
+SKIP_SHA256 = "d450da2a24750141dab958e360adb5942d9cf2c4105c76f2e0aa0bf9f080bce2"
 SKIP_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_slots.py")
@@ -133,6 +135,7 @@ def steady_stretch(req_i, req_f, plan_idx, n_plan, residues, params_i, params_f,
         log_i[n_log, L_DECODE], log_i[n_log, L_RECOMPUTED] = n_plan, 0
         log_i[n_log, L_WAITING], log_i[n_log, L_USED] = waiting, used
         log_i[n_log, L_REGULAR], log_i[n_log, L_LIVE] = n_plan, live
+        log_i[n_log, L_PAD_TOKENS], log_i[n_log, L_PAD_ROWS] = 0, 0
         log_f[n_log, L_START], log_f[n_log, L_DURATION] = now, end - now
         log_f[n_log, L_FLOPS], log_f[n_log, L_BYTES] = flops, nbytes
         log_b[n_log] = bound

@@ -23,7 +23,7 @@ from sim.engine.compiled_cost import KERNEL
 #: load buffer ``compiled_drive.load_now`` fills.
 FIELDS = ("req_i", "req_f", "running", "hkeys", "hranks", "hitems", "pending", "plan_idx",
           "plan_n", "pre_idx", "params_i", "params_f", "analytic", "terms", "dense", "log_i",
-          "log_f", "log_b", "irr", "irr_count", "st_i", "st_f", "residues", "out")
+          "log_f", "log_b", "irr", "irr_count", "st_i", "st_f", "residues", "batch", "out")
 
 
 @structref.register
@@ -46,12 +46,12 @@ structref.define_proxy(ReplicaArrays, ReplicaArraysType, list(FIELDS))
 @njit(**KERNEL)
 def _pack(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx, plan_n, pre_idx,  # noqa: ANN001, ANN202
           params_i, params_f, analytic, terms, dense, log_i, log_f, log_b, irr, irr_count,
-          st_i, st_f, residues, out):
+          st_i, st_f, residues, batch, out):
     # built in compiled (and cached) code: the proxy's own constructor would be compiled
     # anew in every process
     return ReplicaArrays(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx,
                          plan_n, pre_idx, params_i, params_f, analytic, terms, dense, log_i,
-                         log_f, log_b, irr, irr_count, st_i, st_f, residues, out)
+                         log_f, log_b, irr, irr_count, st_i, st_f, residues, batch, out)
 
 
 def pack(owner: Any, out: np.ndarray) -> ReplicaArrays:

@@ -1,13 +1,14 @@
 """Which engine runs a simulation, decided by an allow-list: the compiled tier fails closed.
 
-Every field of the scheduling specification (``SchedulingSpec``) and of ``KVConfig`` is mapped
-here to the values the compiled interpreter (``sim.engine.compiled``) covers — ``ANY`` for all
-of them. A run takes it only when its policy is a built-in preset of the specification
-(``continuous``, ``chunked_prefill``, ``scheduler``; exactly those classes, not subclasses),
-every field's value is allowed and the cost model is one the interpreter costs itself;
-anything else — a value not listed, a field nobody mapped, a custom policy or cost model —
-runs on the general engine, and ``SimResult.engine_reason`` says which setting sent it there.
-A test fails when a field of either dataclass is missing from these tables.
+Every field of the scheduling specifications — the iteration-level ``SchedulingSpec`` and the
+run-to-completion ``BatchSpec`` — and of ``KVConfig`` is mapped here to the values the compiled
+interpreter (``sim.engine.compiled``) covers, ``ANY`` for all of them. A run takes it only
+when its policy is a built-in preset of a specification (``continuous``, ``chunked_prefill``,
+``scheduler``; ``static``, ``dynamic``: exactly those classes, not subclasses), every field's
+value is allowed and the cost model is one the interpreter costs itself; anything else — a
+value not listed, a field nobody mapped, a custom policy or cost model — runs on the general
+engine, and ``SimResult.engine_reason`` says which setting sent it there. A test fails when a
+field of any of these dataclasses is missing from the tables.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from policies.continuous import ContinuousBatching
 from policies.dynamic import DynamicBatching
 from policies.scheduler import Scheduler
 from policies.static import StaticBatching
+from sim.core.batching import BatchSpec
 from sim.core.scheduling import SchedulingSpec
 from sim.cost.base import ConstantCost, LinearCost
 from sim.cost.roofline import RooflineCost
@@ -28,8 +30,9 @@ from sim.kv.config import KVConfig
 #: Every value of a field is covered.
 ANY = None
 
-#: The policy classes whose ``spec`` the fast paths interpret (their exact types).
-SPEC_POLICIES = (ContinuousBatching, ChunkedPrefill, Scheduler)
+#: The policy classes whose ``spec`` the fast paths interpret (their exact types): presets
+#: of ``SchedulingSpec``, then of ``BatchSpec``.
+SPEC_POLICIES = (ContinuousBatching, ChunkedPrefill, Scheduler, StaticBatching, DynamicBatching)
 
 #: ``SchedulingSpec`` field -> values the compiled interpreter covers: all of them.
 COMPILED_SPEC: Mapping[str, frozenset[Any] | None] = {
@@ -43,6 +46,14 @@ COMPILED_SPEC: Mapping[str, frozenset[Any] | None] = {
     "victim": ANY,
     "ttft_target_s": ANY,
     "ttft_targets_s": ANY,
+}
+
+#: ``BatchSpec`` field -> values the compiled interpreter covers (prompt buckets: none).
+COMPILED_BATCH: Mapping[str, frozenset[Any] | None] = {
+    "batch_size": ANY,
+    "wait_s": ANY,
+    "bucket_by_prompt": frozenset({None}),
+    "order": ANY,
 }
 
 #: ``KVConfig`` field -> values the compiled interpreter covers.
@@ -78,11 +89,18 @@ def cost_kind(cost: object) -> int:
     return {ConstantCost: 1, LinearCost: 2}.get(type(cost), -1)
 
 
-def spec_of(policy: object) -> SchedulingSpec | None:
+def spec_of(policy: object) -> SchedulingSpec | BatchSpec | None:
     """The specification a built-in preset policy interprets (``None`` for any other)."""
     if type(policy) in SPEC_POLICIES:
         return policy.spec  # type: ignore[attr-defined]  # every preset has one
     return None
+
+
+def iteration_spec_of(policy: object) -> SchedulingSpec | None:
+    """The iteration-level specification a built-in preset interprets (``None`` for a
+    run-to-completion preset and any other policy): what replicas driven from outside run."""
+    spec = spec_of(policy)
+    return spec if isinstance(spec, SchedulingSpec) else None
 
 
 def uncovered(value: object, table: Mapping[str, frozenset[Any] | None], prefix: str,
@@ -102,13 +120,21 @@ def uncovered(value: object, table: Mapping[str, frozenset[Any] | None], prefix:
 
 
 def fast_path_blocker(policy: object, kv: KVConfig, cost: object, *, checks: bool,
-                      event_skipping: bool) -> str:
-    """Why this run cannot take the compiled interpreter ('' when it can)."""
+                      event_skipping: bool, driven: bool = False) -> str:
+    """Why this run cannot take the compiled interpreter ('' when it can); ``driven``: its
+    replicas are driven from outside (a router, a disaggregated cluster), which the compiled
+    interpreter covers for iteration-level presets only."""
     spec = spec_of(policy)
+    name = getattr(policy, "name", type(policy).__name__)
     if spec is None:
-        return (f"policy {getattr(policy, 'name', type(policy).__name__)!r} is not a preset of "
-                "the scheduling specification")
-    why = uncovered(spec, COMPILED_SPEC, "policy.", PATH)
+        return f"policy {name!r} is not a preset of a scheduling specification"
+    if isinstance(spec, BatchSpec):
+        if driven:
+            return (f"policy {name!r} runs batches to completion, which replicas driven from "
+                    "outside (a router or a disaggregated cluster) run on the general engine")
+        why = uncovered(spec, COMPILED_BATCH, "policy.", PATH)
+    else:
+        why = uncovered(spec, COMPILED_SPEC, "policy.", PATH)
     if why:
         return why
     return _steps_blocker(kv, cost, checks, PATH, event_skipping)

@@ -21,6 +21,7 @@ import simpy
 from policies import make_policy
 from policies.registry import Policy
 from sim.core.arrays import TraceArrays
+from sim.core.batching import BatchSpec
 from sim.core.bulk import paused_gc
 from sim.core.errors import InputError
 from sim.core.state import Seq
@@ -30,7 +31,13 @@ from sim.cost.checked import checked_cost
 from sim.cost.defaults import DEFAULT_HARDWARE, DEFAULT_MODEL
 from sim.cost.roofline import build_cost_model
 from sim.cost.validity import VALIDITY_COLUMNS, validity_counts
-from sim.engine.compiled import COMPILED_COLD_MIN_REQUESTS, COMPILED_MIN_REQUESTS, Outcomes
+from sim.engine.compiled import (
+    COMPILED_BATCH_COLD_MIN_REQUESTS,
+    COMPILED_BATCH_MIN_REQUESTS,
+    COMPILED_COLD_MIN_REQUESTS,
+    COMPILED_MIN_REQUESTS,
+    Outcomes,
+)
 from sim.engine.coverage import (
     NotCovered,
     cost_kind,
@@ -141,7 +148,8 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
     KV with recompute, roofline, constant or linear cost) use it; ``False`` forces the general
     engine. ``SimResult.engine`` and ``engine_reason`` say which engine ran and why no faster
     one did. ``True`` takes it when a replica has at least ``COMPILED_MIN_REQUESTS`` requests
-    (below that, loading it costs more than it saves); ``"compiled"`` takes it whatever the
+    (``COMPILED_BATCH_MIN_REQUESTS`` for the run-to-completion ``static`` and ``dynamic``;
+    below that, loading it costs more than it saves); ``"compiled"`` takes it whatever the
     size and ``"interpreted"`` keeps the general engine. On the general engine a policy that
     is not a padding one (static, dynamic) has its plans carried out on compiled steps
     (``sim.engine.planned``) on the same terms of coverage and size (``False`` counts as
@@ -203,11 +211,12 @@ def simulate(requests: Sequence[Request] | TraceArrays, policy: Mapping[str, Any
               else "")
     if not reason:
         reason = (fast_path_blocker(policies[0], kv_config, cost, checks=checks,
-                                    event_skipping=event_skipping) if fast_path
-                  else "fast_path=False")
+                                    event_skipping=event_skipping, driven=driver is not None)
+                  if fast_path else "fast_path=False")
     if not reason:
         reason = size_blocker(len(cols["arrival_s"]), num_replicas, fast_path,
-                              routed=driver is not None)
+                              routed=driver is not None,
+                              batches=isinstance(spec_of(policies[0]), BatchSpec))
     engine = "general"
     steps_reason = ""
     if not reason and driver is not None:  # compiled replicas behind the driver (a router)
@@ -320,7 +329,7 @@ def _needs_priority(policy: Policy) -> bool:
     """Whether the specification reads the requests' priorities (its order or victim)."""
     spec = spec_of(policy)
     return spec is not None and (spec.order in ("priority", "edf")
-                                 or spec.victim in ("priority", "deadline"))
+                                 or getattr(spec, "victim", "") in ("priority", "deadline"))
 
 
 def _priorities(requests: Sequence[Request] | TraceArrays) -> np.ndarray:
@@ -439,22 +448,26 @@ def _on_compiled_steps(requests: Sequence[Request] | TraceArrays, cols: dict[str
 
 
 def size_blocker(n: int, num_replicas: int, choice: bool | str, routed: bool = False,
-                 planned: bool = False) -> str:
+                 planned: bool = False, batches: bool = False) -> str:
     """Why a run the compiled interpreter covers stays on the general engine anyway: asked
-    to (``fast_path='interpreted'``), or too small to repay loading it ('' when it runs)."""
+    to (``fast_path='interpreted'``), or too small to repay loading it ('' when it runs);
+    ``batches``: a run-to-completion policy's, which the general engine runs faster a
+    request, so it takes the interpreter from larger sizes."""
     if choice == "interpreted":
         return "fast_path='interpreted'"
     per_replica = -(-n // num_replicas)
-    if choice is not True or per_replica >= COMPILED_COLD_MIN_REQUESTS:
+    warm, cold = ((COMPILED_BATCH_MIN_REQUESTS, COMPILED_BATCH_COLD_MIN_REQUESTS) if batches
+                  else (COMPILED_MIN_REQUESTS, COMPILED_COLD_MIN_REQUESTS))
+    if choice is not True or per_replica >= cold:
         return ""
-    if per_replica < COMPILED_MIN_REQUESTS:
-        return (f"{per_replica} requests on a replica, fewer than the {COMPILED_MIN_REQUESTS} "
+    if per_replica < warm:
+        return (f"{per_replica} requests on a replica, fewer than the {warm} "
                 "that repay loading the compiled interpreter")
     from sim.engine.compiled_cache import loop_is_cached
 
-    if not loop_is_cached(routed, planned=planned):
+    if not loop_is_cached(routed, planned=planned, batches=batches):
         return (f"{per_replica} requests on a replica, fewer than the "
-                f"{COMPILED_COLD_MIN_REQUESTS} that repay compiling the compiled interpreter "
+                f"{cold} that repay compiling the compiled interpreter "
                 "(not in numba's cache on this machine yet; the first larger run, or "
                 "fast_path='compiled' from Python, compiles it once)")
     return ""

@@ -165,9 +165,9 @@ class StepStream:
         inside = start >= self.window_start_s
         later = inside & (start > self.bound_s)
         if later.any():  # decided at the end, once the window's last finish is known
-            self._held.append({k: v[later] for k, v in c.items()})
+            self._held.append(_rows(c, later, copy=True))
             inside &= ~later
-        self._count(c if inside.all() else {k: v[inside] for k, v in c.items()})
+        self._count(c if inside.all() else _rows(c, inside, copy=False))
 
     def close(self, end_s: float) -> None:
         """The window ends at ``end_s``: count the held-back steps that start by then."""
@@ -238,6 +238,18 @@ class StepStream:
         table = pd.DataFrame({k: out[k] for k in BUCKET_COLUMNS})
         table.attrs["step_table"] = "buckets"
         return table
+
+
+def _rows(c: Mapping[str, np.ndarray], mask: np.ndarray, copy: bool) -> dict[str, np.ndarray]:
+    """The rows of the columns ``c`` that ``mask`` marks: slices when they are one run of
+    rows (one replica's steps in time order: a window's cut is a prefix or a suffix),
+    copied when ``copy`` (rows kept beyond the fold: the caller writes its buffers again);
+    else copies taken by the mask."""
+    first = int(mask.argmax())
+    last = len(mask) - int(mask[::-1].argmax())
+    if mask[first:last].all():
+        return {k: v[first:last].copy() if copy else v[first:last] for k, v in c.items()}
+    return {k: v[mask] for k, v in c.items()}
 
 
 def _fold_groups(replica: np.ndarray, bucket: np.ndarray, sums: Mapping[str, np.ndarray],
