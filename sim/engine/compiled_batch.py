@@ -40,7 +40,6 @@ from sim.engine.compiled_plan import (
     RF_MAX_ITL,
     RI_BLOCKS,
     RI_COMPUTED,
-    RI_DONE,
     RI_GENERATED,
     RI_MAX_HELD,
     RI_OUT,
@@ -50,7 +49,7 @@ from sim.engine.compiled_plan import (
     RI_RANK,
     RI_STATUS,
     VICTIM_NEWEST,
-    pick_victim,
+    grow_running,
 )
 from sim.engine.compiled_queue import order_key, pop
 from sim.engine.compiled_requests import (
@@ -112,7 +111,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the loop's sources
 # that ``run_batches`` compiles in (``compiled_loop.LOOP_SOURCES``) are pinned here
 # (tests/test_scheduling.py recomputes it), and updating the pin invalidates the cached loop.
-BATCH_SHA256 = "5710fafbb4522745624b7d8259001a9d2f25eb5c8917b3d80b37da6707f350a6"
+BATCH_SHA256 = "9ca8168b57c7d3d16af02e9aa10514cf8a6fa5675491663560ac0bda4ec184f8"
 
 _INF = np.inf
 #: Steps of a decode run costed at a time (``decode_series``): a block of a batch's steps
@@ -137,6 +136,15 @@ def padded_prefill(plan_n: np.ndarray, n_plan: int, batch: np.ndarray) -> int:
 
 
 @njit(**KERNEL)
+def _prompt_blocks(req_i: np.ndarray, i: int, bs: int) -> tuple[int, int]:
+    """The tokens request ``i`` would prefill now (its prompt; its prompt and generated
+    tokens to recompute) and the blocks their KV needs (``kv.blocks_needed``)."""
+    c, held = req_i[i, RI_COMPUTED], req_i[i, RI_BLOCKS]
+    unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c
+    return unc, blocks_needed(c + unc, 0, held, bs)
+
+
+@njit(**KERNEL)
 def _new_batch(req_i, req_f, hkeys, hranks, hitems, n_heap, plan_idx, plan_n, batch,  # noqa: ANN001, ANN202
                st_i, free, bs, size, wait_s, more, now):
     """``RunToCompletion.schedule`` with no batch in flight: ``pick_batch`` over the heap (one
@@ -157,9 +165,7 @@ def _new_batch(req_i, req_f, hkeys, hranks, hitems, n_heap, plan_idx, plan_n, ba
     n_plan = 0
     while n_plan < size and n_heap > 0:  # the longest prefix whose blocks fit
         i = hitems[0]
-        c, held = req_i[i, RI_COMPUTED], req_i[i, RI_BLOCKS]
-        unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c
-        need = blocks_needed(c + unc, 0, held, bs)
+        unc, need = _prompt_blocks(req_i, i, bs)
         if need > free:
             break
         free -= need
@@ -201,9 +207,7 @@ def _rejoin(req_i, req_f, n_run, plan_idx, plan_n, pre_idx, batch, st_i, free, b
     n_plan = 0
     for k in range(n):
         i = pre_idx[k]
-        c, held = req_i[i, RI_COMPUTED], req_i[i, RI_BLOCKS]
-        unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c
-        need = blocks_needed(c + unc, 0, held, bs)
+        unc, need = _prompt_blocks(req_i, i, bs)
         if need > room:
             break
         room -= need
@@ -237,36 +241,13 @@ def plan_batch(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan
     if n_run == 0:
         return 0, 0, 0, n_heap, _INF, False
     # ``grow_running``: every running member's pending tokens, the newest out while short
-    total = 0
-    for r in range(n_run):
-        i = running[r]
-        total += blocks_needed(req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED], 0,
-                               req_i[i, RI_BLOCKS], bs)
-    n_pre = 0
-    active = n_run
-    while active > 0 and total > free:
-        j = pick_victim(req_i, req_f, running, n_run, VICTIM_NEWEST, stamp)
-        v = running[j]
-        req_i[v, RI_DONE] = stamp
-        pre_idx[n_pre] = v
-        n_pre += 1
-        total -= blocks_needed(req_i[v, RI_PROMPT] + req_i[v, RI_GENERATED], 0,
-                               req_i[v, RI_BLOCKS], bs)
-        free += req_i[v, RI_BLOCKS]
-        active -= 1
-    if active == 0:  # nothing would run: the reference's plan is empty, victims and all
+    n_plan, n_pre, _, _ = grow_running(req_i, req_f, running, n_run, plan_idx, plan_n,
+                                       pre_idx, stamp, free, bs, VICTIM_NEWEST)
+    if n_plan == 0:  # nothing would run: the reference's plan is empty, victims and all
         return 0, 0, 0, n_heap, _INF, False
-    n_plan = 0
     steady = n_pre == 0 and not rejoining
-    for r in range(n_run):
-        i = running[r]
-        if n_pre and req_i[i, RI_DONE] == stamp:
-            continue
-        c = req_i[i, RI_COMPUTED]
-        unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c
-        plan_idx[n_plan], plan_n[n_plan] = i, unc
-        n_plan += 1
-        if unc != 1:
+    for k in range(n_plan):
+        if plan_n[k] != 1:
             steady = False
     n_pad = 0  # the members that left: one padding token a step, at the context they'd have
     for m in range(st_i[S_N_MEMBERS]):

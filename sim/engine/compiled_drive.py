@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "5710fafbb4522745624b7d8259001a9d2f25eb5c8917b3d80b37da6707f350a6"
+LOOP_SHA256 = "9ca8168b57c7d3d16af02e9aa10514cf8a6fa5675491663560ac0bda4ec184f8"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

@@ -2,8 +2,9 @@
 
 Each function here is one function of the reference interpreter, read side by side with it:
 ``plan_decode_first`` is ``_decode_first`` (with ``_fit`` and ``_cap``), ``plan_whole`` is
-``_whole_prompts`` (with ``packing.grow_running`` and ``admit_whole_prompts``), ``pick_victim``
-is ``packing.pick_victim``. The rules themselves (blocks needed, the admission test, the most
+``_whole_prompts`` (with ``admit_whole_prompts``), ``grow_running`` is
+``packing.grow_running`` (run-to-completion batches' too), ``pick_victim`` is
+``packing.pick_victim``. The rules themselves (blocks needed, the admission test, the most
 tokens that fit, which victim outranks) are ``sim.core.rules``, compiled from their source.
 
 A plan is written into ``plan_idx``/``plan_n`` (request index, tokens, in the reference's
@@ -156,6 +157,48 @@ def plan_decode_first(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_hea
 
 
 @njit(**KERNEL)
+def grow_running(req_i, req_f, running, n_run, plan_idx, plan_n, pre_idx, stamp, free, bs,  # noqa: ANN001, ANN201
+                 victim):
+    """``packing.grow_running``: every running request's pending tokens, in running order,
+    victims (rule ``victim``) out while the blocks they need exceed ``free``. Returns
+    ``(n_plan, n_pre, tokens, left)``: the rows planned, the victims, the tokens the rows
+    compute and the blocks left free once they grew (the victims' given back)."""
+    total = tokens = 0
+    n_plan = n_pre = 0
+    for r in range(n_run):
+        i = running[r]
+        c = req_i[i, RI_COMPUTED]
+        unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c
+        total += blocks_needed(c + unc, 0, req_i[i, RI_BLOCKS], bs)
+        plan_idx[n_plan], plan_n[n_plan] = i, unc
+        n_plan += 1
+        tokens += unc
+    if total > free:  # rare: victims out, then the plan again without them
+        active = n_run
+        while active > 0 and total > free:
+            j = pick_victim(req_i, req_f, running, n_run, victim, stamp)
+            v = running[j]
+            req_i[v, RI_DONE] = stamp
+            pre_idx[n_pre] = v
+            n_pre += 1
+            c = req_i[v, RI_COMPUTED]
+            unc = req_i[v, RI_PROMPT] + req_i[v, RI_GENERATED] - c
+            total -= blocks_needed(c + unc, 0, req_i[v, RI_BLOCKS], bs)
+            free += req_i[v, RI_BLOCKS]
+            active -= 1
+        n_plan = tokens = 0
+        for r in range(n_run):
+            i = running[r]
+            if req_i[i, RI_DONE] == stamp:
+                continue
+            unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - req_i[i, RI_COMPUTED]
+            plan_idx[n_plan], plan_n[n_plan] = i, unc
+            n_plan += 1
+            tokens += unc
+    return n_plan, n_pre, tokens, free - total
+
+
+@njit(**KERNEL)
 def plan_whole(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan_idx,  # noqa: ANN001, ANN201
                plan_n, pre_idx, stamp, max_seqs, max_tokens, free, mark, bs, composition,
                victim):
@@ -171,42 +214,10 @@ def plan_whole(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan
                                          True, 0, False)
         if n_plan:
             return n_plan, 0, n_heap
-    # ``grow_running``: every running request's pending tokens, victims out while short
-    total = 0
-    tokens = max_tokens
-    for r in range(n_run):
-        i = running[r]
-        c = req_i[i, RI_COMPUTED]
-        unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - c
-        total += blocks_needed(c + unc, 0, req_i[i, RI_BLOCKS], bs)
-        plan_idx[n_plan], plan_n[n_plan] = i, unc
-        n_plan += 1
-        tokens -= unc
-    active = n_run
-    if total > free:  # rare: victims out, then the plan again without them
-        while active > 0 and total > free:
-            j = pick_victim(req_i, req_f, running, n_run, victim, stamp)
-            v = running[j]
-            req_i[v, RI_DONE] = stamp
-            pre_idx[n_pre] = v
-            n_pre += 1
-            c = req_i[v, RI_COMPUTED]
-            unc = req_i[v, RI_PROMPT] + req_i[v, RI_GENERATED] - c
-            total -= blocks_needed(c + unc, 0, req_i[v, RI_BLOCKS], bs)
-            free += req_i[v, RI_BLOCKS]
-            active -= 1
-        n_plan = 0
-        tokens = max_tokens
-        for r in range(n_run):
-            i = running[r]
-            if req_i[i, RI_DONE] == stamp:
-                continue
-            unc = req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED] - req_i[i, RI_COMPUTED]
-            plan_idx[n_plan], plan_n[n_plan] = i, unc
-            n_plan += 1
-            tokens -= unc
+    n_plan, n_pre, tokens, left = grow_running(req_i, req_f, running, n_run, plan_idx,
+                                               plan_n, pre_idx, stamp, free, bs, victim)
     if composition == MIXED and n_pre == 0:
         n_heap, n_plan, _, _, _ = _admit(req_i, hkeys, hranks, hitems, n_heap, plan_idx,
-                                         plan_n, n_plan, max_seqs - active, tokens,
-                                         free - total, mark, bs, True, 0, False)
+                                         plan_n, n_plan, max_seqs - n_plan,
+                                         max_tokens - tokens, left, mark, bs, True, 0, False)
     return n_plan, n_pre, n_heap
