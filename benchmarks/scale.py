@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 #: 3.3 req/s, so 12 req/s would measure an ever-growing queue, not the simulator).
 RATES = {"continuous": 12.0, "continuous_orca": 12.0, "chunked_prefill": 12.0,
          "chunked_prefill_512": 12.0,
-         "scheduler_priority": 12.0, "scheduler_edf": 12.0, "static": 2.6, "dynamic": 2.6}
+         "scheduler_priority": 12.0, "scheduler_edf": 12.0, "static": 2.6, "dynamic": 2.6,
+         "dynamic_buckets": 2.6}
 
 POLICIES = {
     "continuous": {"name": "continuous", "max_num_seqs": 256, "max_num_batched_tokens": 16384},
@@ -47,10 +48,13 @@ POLICIES = {
                       "victim": "deadline", "ttft_targets_s": {"0": 2.0, "1": 1.0, "2": 0.25}},
     "static": {"name": "static", "batch_size": 32, "timeout_s": 0.5},
     "dynamic": {"name": "dynamic", "max_batch_size": 32, "max_wait_s": 0.1},
+    # padding-aware dynamic batching: prompts batched apart by length
+    "dynamic_buckets": {"name": "dynamic", "max_batch_size": 32, "max_wait_s": 0.1,
+                        "bucket_by_prompt": [128, 512, 2048]},
 }
 #: Policies the compiled interpreter runs (any other would run on the general engine).
 COMPILED = {"continuous", "continuous_orca", "chunked_prefill", "chunked_prefill_512",
-            "scheduler_priority", "scheduler_edf", "static", "dynamic"}
+            "scheduler_priority", "scheduler_edf", "static", "dynamic", "dynamic_buckets"}
 
 
 def one(size: int, policy: str, rate: float, output_scale: float, seed: int) -> dict:

@@ -1,15 +1,14 @@
 """Run-to-completion batches on the compiled interpreter: exactly the general engine's.
 
 Specification: ``static`` and ``dynamic`` batching are presets of ``BatchSpec``; every
-specification the compiled interpreter covers (``coverage.COMPILED_BATCH``: all but prompt
-buckets) runs there — batch formation on size, timeout and the end of arrivals, the padded
-prefill, finished members kept as padding rows, preemption of the newest member and its padded
-recompute when it fits again, ``max_preemptions`` rejections, contexts outgrowing the cache, the
-horizon — and gives the same request table, step table, irregular gaps and summary, bit for
-bit, as the general engine with its invariant checks on. Specifications are drawn from the
-fields' own domains, so a field or value added later is exercised without anyone listing it;
-what is not covered (buckets; replicas driven from outside) runs on the general engine and the
-result says why.
+specification (``coverage.COMPILED_BATCH``) runs on the compiled interpreter — batch formation
+on size, timeout and the end of arrivals, per prompt bucket, the padded prefill, finished
+members kept as padding rows, preemption of the newest member and its padded recompute when
+it fits again, ``max_preemptions`` rejections, contexts outgrowing the cache, the horizon —
+and gives the same request table, step table, irregular gaps and summary, bit for bit, as the
+general engine with its invariant checks on. Specifications are drawn from the fields' own
+domains, so a field or value added later is exercised without anyone listing it; what is not
+covered (replicas driven from outside) runs on the general engine and the result says why.
 """
 from __future__ import annotations
 
@@ -119,6 +118,11 @@ def _workload(seed: int, n: int, rate: float) -> list[sim.Request]:
      {"num_blocks": 160, "block_size": 8}, sim.LinearCost(0.004, 2e-5, 1e-4)),
     ({"name": "static", "batch_size": 6, "timeout_s": 0.0}, {"num_blocks": 90, "block_size": 4},
      sim.ConstantCost(0.02)),
+    ({"name": "dynamic", "max_batch_size": 16, "max_wait_s": 0.1, "bucket_by_prompt": [64, 256],
+      "ordering": "spf"}, {"num_blocks": 200, "block_size": 16}, ROOFLINE),
+    ({"name": "dynamic", "max_batch_size": 8, "max_wait_s": 0.3, "bucket_by_prompt": 100,
+      "ordering": "priority"}, {"num_blocks": 120, "block_size": 8},
+     sim.LinearCost(0.004, 2e-5, 1e-4)),
 ])
 @pytest.mark.parametrize("rate", [3.0, 40.0])
 def test_long_runs_with_preemptions_equal_the_general_engine(policy, kv, cost, rate):
@@ -132,7 +136,7 @@ def test_long_runs_with_preemptions_equal_the_general_engine(policy, kv, cost, r
 # -- the batching story's scenarios, on both engines --------------------------------------------
 SCENARIOS = [
     # (rows, policy, kv): a padded prefill, the first finisher, a full batch, a timeout,
-    # a KV limit that preempts and rejoins, late joiners of a pending dynamic batch
+    # a KV limit that preempts and rejoins, late joiners of a pending dynamic batch, buckets
     ([(0.0, 50, 3), (0.0, 4000, 3)], {"name": "static", "batch_size": 2}, None),
     ([(0.0, 16, 200), *[(0.0, 16, 20)] * 31], {"name": "static", "batch_size": 32}, None),
     ([(0.0, 10, 5), (0.5, 10, 5), (0.52, 10, 5)], {"name": "static", "batch_size": 2}, None),
@@ -141,6 +145,9 @@ SCENARIOS = [
      {"num_blocks": 6, "block_size": 4}),
     ([(0.0, 10, 1), (0.03, 10, 1), *[(0.5, 10, 1)] * 4, (2.0, 10, 1)],
      {"name": "dynamic", "max_batch_size": 4, "max_wait_s": 0.05}, None),
+    ([(0.0, 10, 1), (0.01, 1000, 1), (0.02, 20, 1), (3.0, 10, 1)],
+     {"name": "dynamic", "max_batch_size": 8, "max_wait_s": 0.05, "bucket_by_prompt": [64]},
+     None),
 ]
 
 
@@ -170,27 +177,6 @@ def test_a_batch_waits_for_its_timeout_and_then_decodes_with_padding(trace):
 
 
 # -- what it does not cover runs on the general engine, and says so -----------------------------
-def test_prompt_buckets_run_on_the_general_engine_and_say_so():
-    reqs = _workload(3, 50, 10.0)
-    policy = {"name": "dynamic", "max_batch_size": 8, "bucket_by_prompt": [128, 512]}
-    res = sim.simulate(reqs, policy, sim.ConstantCost(0.01), fast_path="compiled")
-    assert res.engine == "general"
-    assert res.engine_reason == ("policy.bucket_by_prompt=(128, 512) is not covered by the "
-                                 "compiled interpreter")
-
-
-def test_a_wrong_widening_to_buckets_changes_the_results(monkeypatch):
-    # were buckets allowed without being interpreted, the differential test would see it
-    reqs = _workload(3, 80, 10.0)
-    policy = {"name": "dynamic", "max_batch_size": 8, "max_wait_s": 0.1,
-              "bucket_by_prompt": 100}
-    general = sim.simulate(reqs, policy, sim.ConstantCost(0.01), fast_path=False)
-    monkeypatch.setitem(coverage.COMPILED_BATCH, "bucket_by_prompt", coverage.ANY)
-    widened = sim.simulate(reqs, policy, sim.ConstantCost(0.01), fast_path="compiled")
-    assert widened.engine == "compiled"
-    assert not widened.requests.equals(general.requests)
-
-
 def test_routed_batches_run_on_the_general_engine_and_say_so():
     reqs = _workload(5, 60, 10.0)
     res = sim.simulate(reqs, {"name": "static", "batch_size": 4}, sim.ConstantCost(0.01),

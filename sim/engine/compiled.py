@@ -94,7 +94,9 @@ class CompiledReplica:
         self.run = run_loop(spec)
         self.max_model_len = max_model_len
         kind = cost_kind(cost)
-        p = np.zeros(slots.NUM_PARAMS_I, dtype=np.int64)
+        bounds = spec.bucket_upper_bounds if isinstance(spec, BatchSpec) else ()
+        p = np.zeros(slots.NUM_PARAMS_I + len(bounds), dtype=np.int64)
+        p[slots.NUM_PARAMS_I:] = bounds  # a batch's prompt buckets, after the slots
         p[slots.P_BS], p[slots.P_NUM_BLOCKS] = kv.block_size, min(kv.num_blocks, _BIG)
         p[slots.P_CAPACITY] = min(kv.capacity_tokens, _BIG)
         p[slots.P_LIMIT] = -1 if kv.max_preemptions is None else kv.max_preemptions
@@ -354,6 +356,8 @@ def _spec_params(spec: SchedulingSpec | BatchSpec, p: np.ndarray, kv: KVConfig) 
         p[slots.P_MAX_SEQS], p[slots.P_MAX_TOKENS] = spec.batch_size, NO_LIMIT
         p[slots.P_COMPOSITION] = slots.RUN_TO_COMPLETION
         p[slots.P_ORDER], p[slots.P_VICTIM] = ORDERS.index(spec.order), 0
+        p[slots.P_BUCKET_WIDTH] = spec.bucket_width
+        p[slots.P_NUM_BOUNDS] = len(spec.bucket_upper_bounds)
         return spec.wait_or_inf_s
     p[slots.P_MAX_SEQS], p[slots.P_MAX_TOKENS] = spec.max_num_seqs, spec.max_num_batched_tokens
     p[slots.P_MARK] = watermark_blocks(spec.watermark, kv.num_blocks)

@@ -29,6 +29,7 @@ from sim.engine.compiled_cost import (
     batch_ready,
     blocks_for,
     blocks_needed,
+    prompt_bucket,
     rejoin_free_blocks,
 )
 from sim.engine.compiled_loop import carry_out, idle_until, open_point
@@ -79,13 +80,16 @@ from sim.engine.compiled_slots import (
     L_START,
     L_USED,
     L_WAITING,
+    NUM_PARAMS_I,
     P_BS,
+    P_BUCKET_WIDTH,
     P_CAPACITY,
     P_COST,
     P_HAS_HORIZON,
     P_LAYERS,
     P_MAX_SEQS,
     P_NUM_BLOCKS,
+    P_NUM_BOUNDS,
     P_ORDER,
     P_TP,
     PF_HORIZON,
@@ -111,7 +115,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the loop's sources
 # that ``run_batches`` compiles in (``compiled_loop.LOOP_SOURCES``) are pinned here
 # (tests/test_scheduling.py recomputes it), and updating the pin invalidates the cached loop.
-BATCH_SHA256 = "9ca8168b57c7d3d16af02e9aa10514cf8a6fa5675491663560ac0bda4ec184f8"
+BATCH_SHA256 = "a620f2babce05f91a932dcdad7f77319f8e517fb89c890e84a3d9b3c722d025e"
 
 _INF = np.inf
 #: Steps of a decode run costed at a time (``decode_series``): a block of a batch's steps
@@ -146,11 +150,16 @@ def _prompt_blocks(req_i: np.ndarray, i: int, bs: int) -> tuple[int, int]:
 
 @njit(**KERNEL)
 def _new_batch(req_i, req_f, hkeys, hranks, hitems, n_heap, plan_idx, plan_n, batch,  # noqa: ANN001, ANN202
-               st_i, free, bs, size, wait_s, more, now):
+               st_i, params_i, free, bs, size, wait_s, more, now):
     """``RunToCompletion.schedule`` with no batch in flight: ``pick_batch`` over the heap (one
-    group: the queue), then the ``fitting_prefix`` of the batch, padded. Returns ``(n_plan,
-    n_pad, n_heap, wake)`` (``wake``: when to look again, ``inf``: at the next arrival)."""
+    group: the queue; per prompt bucket: ``_new_bucketed_batch``), then the
+    ``fitting_prefix`` of the batch, padded. Returns ``(n_plan, n_pad, n_heap, wake)``
+    (``wake``: when to look again, ``inf``: at the next arrival)."""
     st_i[S_N_MEMBERS] = 0
+    if params_i[P_BUCKET_WIDTH] > 0 or params_i[P_NUM_BOUNDS] > 0:
+        return _new_bucketed_batch(req_i, req_f, hkeys, hranks, hitems, n_heap, plan_idx,
+                                   plan_n, batch, st_i, params_i, free, bs, size, wait_s, more,
+                                   now)
     count = n_heap
     due = _INF
     if count < size and more and wait_s != _INF:  # only a short group is timed
@@ -174,6 +183,78 @@ def _new_batch(req_i, req_f, hkeys, hranks, hitems, n_heap, plan_idx, plan_n, ba
         batch[B_MEMBERS, n_plan] = i
         n_plan += 1
     st_i[S_N_MEMBERS] = n_plan
+    if n_plan == 0:
+        return 0, 0, n_heap, _INF
+    return n_plan, padded_prefill(plan_n, n_plan, batch), n_heap, _INF
+
+
+@njit(**KERNEL)
+def _new_bucketed_batch(req_i, req_f, hkeys, hranks, hitems, n_heap, plan_idx, plan_n,  # noqa: ANN001, ANN202, C901
+                        batch, st_i, params_i, free, bs, size, wait_s, more, now):
+    """``pick_batch`` with prompt buckets: the queue in its order (the heap's rows sorted by
+    key and rank), grouped by bucket (``rules.prompt_bucket``) in the order of each group's
+    first request; the first ready group goes (``rules.batch_ready``), cut to ``size``, its
+    longest prefix that fits taken. The rest of the queue is written back sorted (a sorted
+    array is a heap). Returns what ``_new_batch`` does."""
+    q = n_heap
+    width = params_i[P_BUCKET_WIDTH]
+    bounds = params_i[NUM_PARAMS_I:NUM_PARAMS_I + params_i[P_NUM_BOUNDS]]
+    by_rank = np.argsort(hranks[:q], kind="mergesort")  # the queue's order: key, then rank
+    by_key = np.argsort(hkeys[:q][by_rank], kind="mergesort")
+    queue = by_rank[by_key]  # heap rows in queue order
+    keys, ranks, items = hkeys[queue], hranks[queue], hitems[queue]
+    bucket = np.empty(q, dtype=np.int64)
+    for k in range(q):
+        i = items[k]
+        bucket[k] = prompt_bucket(req_i[i, RI_PROMPT] + req_i[i, RI_GENERATED]
+                                  - req_i[i, RI_COMPUTED], width, bounds)
+    grouped = np.argsort(bucket, kind="mergesort")  # queue positions, bucket by bucket
+    starts = np.empty(q + 1, dtype=np.int64)  # each group's run in ``grouped``
+    n_groups = 0
+    for g in range(q):
+        if g == 0 or bucket[grouped[g]] != bucket[grouped[g - 1]]:
+            starts[n_groups] = g
+            n_groups += 1
+    starts[n_groups] = q
+    firsts = np.empty(n_groups, dtype=np.int64)  # a group's first position in the queue
+    for g in range(n_groups):
+        firsts[g] = grouped[starts[g]]
+    chosen, wake = -1, _INF
+    for g in np.argsort(firsts):  # the groups in the order of their first request
+        count = starts[g + 1] - starts[g]
+        due = _INF
+        if count < size and more and wait_s != _INF:  # only a short group is timed
+            oldest = _INF
+            for k in range(starts[g], starts[g + 1]):
+                a = req_f[items[grouped[k]], RF_ARRIVAL]
+                if a < oldest:
+                    oldest = a
+            due = batch_due_s(oldest, wait_s)
+        if batch_ready(count, size, more, now, due):
+            chosen = g
+            break
+        if due < wake:
+            wake = due
+    if chosen < 0:
+        return 0, 0, n_heap, wake
+    taken = np.zeros(q, dtype=np.bool_)
+    n_plan = 0
+    for k in range(starts[chosen], min(starts[chosen + 1], starts[chosen] + size)):
+        i = items[grouped[k]]  # the longest prefix whose blocks fit
+        unc, need = _prompt_blocks(req_i, i, bs)
+        if need > free:
+            break
+        free -= need
+        taken[grouped[k]] = True
+        plan_idx[n_plan], plan_n[n_plan] = i, unc
+        batch[B_MEMBERS, n_plan] = i
+        n_plan += 1
+    st_i[S_N_MEMBERS] = n_plan
+    n_heap = 0
+    for k in range(q):  # the rest of the queue, in order: a heap
+        if not taken[k]:
+            hkeys[n_heap], hranks[n_heap], hitems[n_heap] = keys[k], ranks[k], items[k]
+            n_heap += 1
     if n_plan == 0:
         return 0, 0, n_heap, _INF
     return n_plan, padded_prefill(plan_n, n_plan, batch), n_heap, _INF
@@ -221,7 +302,8 @@ def _rejoin(req_i, req_f, n_run, plan_idx, plan_n, pre_idx, batch, st_i, free, b
 
 @njit(**KERNEL)
 def plan_batch(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan_idx,  # noqa: ANN001, ANN201
-               plan_n, pre_idx, batch, st_i, stamp, free, bs, size, wait_s, order, more, now):
+               plan_n, pre_idx, batch, st_i, params_i, stamp, free, bs, size, wait_s, order,
+               more, now):
     """``RunToCompletion.schedule``: continue the batch in flight (its rejoiners' padded
     recompute, else a decode step of the running members with the others as padding rows,
     preempting the newest while the KV does not fit), or form a new one. Returns ``(n_plan,
@@ -229,8 +311,8 @@ def plan_batch(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan
     next arrival)."""
     if n_run == 0 and st_i[S_N_REJOIN] == 0:
         n_plan, n_pad, n_heap, wake = _new_batch(req_i, req_f, hkeys, hranks, hitems, n_heap,
-                                                 plan_idx, plan_n, batch, st_i, free, bs, size,
-                                                 wait_s, more, now)
+                                                 plan_idx, plan_n, batch, st_i, params_i, free,
+                                                 bs, size, wait_s, more, now)
         return n_plan, 0, n_pad, n_heap, wake, False
     rejoining = st_i[S_N_REJOIN] > 0
     if rejoining:
@@ -463,8 +545,8 @@ def run_batches(req_i, req_f, running, hkeys, hranks, hitems, pending, plan_idx,
             more = st_i[S_NXT] < st_i[S_KNOWN] or st_i[S_ACCEPTING] != 0
             n_plan, n_pre, n_pad, n_heap, wake, steady = plan_batch(
                 req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan_idx, plan_n,
-                pre_idx, batch, st_i, st_i[S_STAMP], num_blocks - st_i[S_USED], bs, size,
-                wait_s, order, more, now)
+                pre_idx, batch, st_i, params_i, st_i[S_STAMP], num_blocks - st_i[S_USED], bs,
+                size, wait_s, order, more, now)
             st_i[S_N_HEAP] = n_heap
         if n_plan == 0:  # idle: until the batch falls due or the next arrival, or for good
             code = idle_until(req_f, st_i, st_f, n_run, n_heap + st_i[S_N_REJOIN], wake)

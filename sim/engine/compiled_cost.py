@@ -62,6 +62,7 @@ outranks = jit_rule(rules.outranks, inline=True)
 batch_due_s = jit_rule(rules.batch_due_s, inline=True)
 batch_ready = jit_rule(rules.batch_ready, inline=True)
 rejoin_free_blocks = jit_rule(rules.rejoin_free_blocks, inline=True)
+prompt_bucket = jit_rule(rules.prompt_bucket)
 watermark_blocks = rules.watermark_blocks  # read once, in Python
 linear_seconds = jit_rule(base.linear_seconds)
 decode_unit_s = jit_rule(roofline_terms.decode_unit_s)
@@ -165,5 +166,5 @@ def cost_inputs(cost: Any, kind: int) -> tuple[int, np.ndarray, np.ndarray, np.n
 __all__ = ["BOUND_NAMES", "CONSTANT", "LINEAR", "ROOFLINE", "admits", "analytic_step",
            "batch_due_s", "batch_ready", "batch_reductions", "blocks_for", "blocks_needed",
            "cost_inputs", "decode_roofline_step", "decode_step_cost", "max_fitting_tokens",
-           "outranks", "prefill_peak_eff", "prefill_unit_s", "rejoin_free_blocks",
+           "outranks", "prefill_peak_eff", "prefill_unit_s", "prompt_bucket", "rejoin_free_blocks",
            "roofline_step", "step_cost", "watermark_blocks"]

@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "9ca8168b57c7d3d16af02e9aa10514cf8a6fa5675491663560ac0bda4ec184f8"
+LOOP_SHA256 = "a620f2babce05f91a932dcdad7f77319f8e517fb89c890e84a3d9b3c722d025e"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

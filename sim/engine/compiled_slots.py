@@ -13,8 +13,12 @@ DONE, STALLED, PAUSED, IDLE, LOG_FULL, IRR_FULL = 0, 1, 2, 3, 4, 5  # how ``run`
 INVALID = 6  # ``apply_plan``: the plan breaks a rule (the reference names it)
 # slots of ``params_i`` / ``params_f``
 (P_BS, P_NUM_BLOCKS, P_CAPACITY, P_MAX_SEQS, P_MAX_TOKENS, P_MARK, P_LIMIT, P_COMPOSITION,
- P_WHOLE, P_CHUNK, P_ORDER, P_VICTIM, P_COST, P_LAYERS, P_TP, P_HAS_HORIZON, P_HOLD) = range(17)
-NUM_PARAMS_I = 17
+ P_WHOLE, P_CHUNK, P_ORDER, P_VICTIM, P_COST, P_LAYERS, P_TP, P_HAS_HORIZON, P_HOLD,
+ P_BUCKET_WIDTH, P_NUM_BOUNDS) = range(19)
+NUM_PARAMS_I = 19
+# A run-to-completion batch's prompt buckets (``BatchSpec.bucket_by_prompt``): a width
+# (``P_BUCKET_WIDTH`` > 0) or ``P_NUM_BOUNDS`` increasing bounds, in ``params_i`` after its
+# ``NUM_PARAMS_I`` slots; neither: one queue.
 # ``PF_WAIT``: how long a partial run-to-completion batch waits (``inf``: only full ones go)
 PF_HORIZON, PF_WAIT = 0, 1
 NUM_PARAMS_F = 2
