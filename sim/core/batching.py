@@ -8,22 +8,22 @@ What a batch does once it runs is the same for every specification: one padded p
 steps until its last member finishes, finished members kept as padding rows, nobody joining
 (``policies.batch_run``). Each field declares its domain as data (``Domain``), as the
 iteration-level ``SchedulingSpec`` does, so validation, documentation and the tests' random
-specifications derive from it; choices are small integers in the order of their ``choices``
-(``BatchSpec.code``), which is how a compiled interpreter sees them.
+specifications derive from it; the orders are ``SchedulingSpec``'s, with the same codes in a
+compiled interpreter.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sim.core.errors import InputError
-from sim.core.scheduling import Domain, domains, spec_field
+from sim.core.scheduling import ORDERS, Domain, bucket_bounds, domains, field_problem, spec_field
 
-#: Waiting-queue orders a batch is formed in (the first three of ``SchedulingSpec.order``,
-#: with the same codes).
-BATCH_ORDERS = ("fcfs", "spf", "priority")
+#: Waiting-queue orders a batch is formed in: the first three of ``SchedulingSpec.order``,
+#: with the same codes.
+BATCH_ORDERS = ORDERS[:3]
 
 
 @dataclass(frozen=True)
@@ -54,20 +54,16 @@ class BatchSpec:
         bad = self.problem()
         if bad:
             raise InputError(bad[1], field=f"policy.{bad[0]}")
-        if isinstance(self.bucket_by_prompt, list):  # hashable, as a frozen value must be
-            object.__setattr__(self, "bucket_by_prompt", tuple(self.bucket_by_prompt))
+        b = self.bucket_by_prompt
+        if b is not None:  # a plain int or a tuple: hashable, as a frozen value must be
+            bounds = bucket_bounds(b)
+            assert bounds is not None  # checked by its domain above
+            object.__setattr__(self, "bucket_by_prompt",
+                               bounds[0] if isinstance(b, numbers.Integral) else bounds)
 
     def problem(self) -> tuple[str, str] | None:
         """The first ``(field, problem)`` of an invalid specification, else ``None``."""
-        for f in dataclasses.fields(self):
-            why = f.metadata["domain"].problem(getattr(self, f.name))
-            if why:
-                return f.name, why
-        return None
-
-    def code(self, name: str) -> int:
-        """A choice field's value as the small integer a compiled interpreter sees."""
-        return batch_domains()[name].choices.index(getattr(self, name))
+        return field_problem(self)
 
     @property
     def wait_or_inf_s(self) -> float:

@@ -190,10 +190,9 @@ class SchedulingSpec:
     def problem(self) -> tuple[str, str] | None:
         """The first ``(field, problem)`` of an invalid specification, else ``None``: each
         field against its domain, then the rules that join fields."""
-        for f in dataclasses.fields(self):
-            why = f.metadata["domain"].problem(getattr(self, f.name))
-            if why:
-                return f.name, why
+        bad = field_problem(self)
+        if bad:
+            return bad
         if self.admission == "chunked" and self.composition != "decode_first":
             return "admission", (f"'chunked' needs composition 'decode_first', got "
                                  f"{self.composition!r}")
@@ -216,6 +215,16 @@ class SchedulingSpec:
         """The TTFT target of a request of this priority class."""
         targets: dict[int, float] = self._targets  # type: ignore[attr-defined]
         return targets.get(priority, self.ttft_target_s) if targets else self.ttft_target_s
+
+
+def field_problem(spec: Any) -> tuple[str, str] | None:
+    """The first ``(field, problem)`` of a specification (any dataclass of ``spec_field``s)
+    whose value is outside its field's domain, else ``None``."""
+    for f in dataclasses.fields(spec):
+        why = f.metadata["domain"].problem(getattr(spec, f.name))
+        if why:
+            return f.name, why
+    return None
 
 
 def domains(spec_type: type = SchedulingSpec) -> dict[str, Domain]:

@@ -88,7 +88,7 @@ class CompiledReplica:
         from sim.engine import compiled_loop as loop  # numba compiles or loads the loop here
         from sim.engine.compiled_cost import cost_inputs
 
-        self.loop, self.spec, self.cost, self.kv, self.name = loop, spec, cost, kv, name
+        self.spec, self.cost, self.kv, self.name = spec, cost, kv, name
         #: The loop of the specification's kind: ``compiled_loop.run``, or
         #: ``compiled_batch.run_batches`` for run-to-completion batches (the same arguments).
         self.run = run_loop(spec)
@@ -255,11 +255,10 @@ class CompiledReplica:
         steps = DEADLINE_STEPS if deadline is not None or watched else _BIG
         while True:
             code = run(self.req_i, self.req_f, self.running, self.hkeys, self.hranks,
-                            self.hitems, self.pending, self.plan_idx, self.plan_n,
-                            self.pre_idx, self.params_i, self.params_f, self.analytic,
-                            self.terms, self.dense, self.log_i, self.log_f, self.log_b,
-                            self.irr, self.irr_count, self.st_i, self.st_f, float(t),
-                            steps, self.residues, self.batch)
+                       self.hitems, self.pending, self.plan_idx, self.plan_n, self.pre_idx,
+                       self.params_i, self.params_f, self.analytic, self.terms, self.dense,
+                       self.log_i, self.log_f, self.log_b, self.irr, self.irr_count,
+                       self.st_i, self.st_f, float(t), steps, self.residues, self.batch)
             if code == slots.LOG_FULL or code == slots.IRR_FULL:
                 self.make_room(code)
             elif code == slots.PAUSED and steps != _BIG and self.now <= t:  # an allowance

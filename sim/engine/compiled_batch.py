@@ -115,7 +115,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the loop's sources
 # that ``run_batches`` compiles in (``compiled_loop.LOOP_SOURCES``) are pinned here
 # (tests/test_scheduling.py recomputes it), and updating the pin invalidates the cached loop.
-BATCH_SHA256 = "a620f2babce05f91a932dcdad7f77319f8e517fb89c890e84a3d9b3c722d025e"
+BATCH_SHA256 = "6f4adcf6d25f6c7f5c55ab857fd7ccae1ce564e6cbd292bbf631bf0cab6295dc"
 
 _INF = np.inf
 #: Steps of a decode run costed at a time (``decode_series``): a block of a batch's steps

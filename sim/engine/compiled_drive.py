@@ -45,7 +45,7 @@ _BIG = 1 << 62  # no step allowance
 #: ``advance_and_count`` compiles ``compiled_loop.run`` into itself, and numba's cache of it
 #: notices changes to this file only: the sources it compiles in are pinned here
 #: (``compiled_loop.LOOP_SOURCES``; tests/test_scheduling.py recomputes it).
-LOOP_SHA256 = "a620f2babce05f91a932dcdad7f77319f8e517fb89c890e84a3d9b3c722d025e"
+LOOP_SHA256 = "6f4adcf6d25f6c7f5c55ab857fd7ccae1ce564e6cbd292bbf631bf0cab6295dc"
 #: Slots of ``load_now``'s output.
 Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED = range(5)
 

@@ -134,7 +134,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the sources of
 # the rules compiled into this loop are pinned here (tests/test_scheduling.py recomputes it), and
 # updating the pin is what invalidates the cached loop.
-RULES_SHA256 = "4fdf78c95bc0172557e9741f8a66de1323d0f6c5b6c853397cec8020a5f3ae9f"
+RULES_SHA256 = "6a7c4d16771c00009bbe693d3da75e170ed993b91374175905ea278e83b0fc5c"
 RULE_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_queue.py", "sim/engine/compiled_skip.py",

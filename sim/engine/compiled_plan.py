@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sim.engine import compiled_slots as slots
 from sim.engine.compiled_cost import KERNEL, admits, blocks_needed, max_fitting_tokens, outranks
 from sim.engine.compiled_queue import pop
 
@@ -35,10 +34,8 @@ NUM_RI = 16
 RF_ARRIVAL, RF_DEADLINE, RF_FIRST_SCHED, RF_FIRST_TOKEN, RF_LAST_TOKEN = 0, 1, 2, 3, 4
 RF_FINISH, RF_MAX_ITL = 5, 6
 NUM_RF = 7
-# Compositions (``SchedulingSpec.composition``) by code, and a run-to-completion batch
-# (``sim.core.batching.BatchSpec``) after them.
+# Compositions (``SchedulingSpec.composition``) by code.
 PREFILL_FIRST, MIXED, DECODE_FIRST = 0, 1, 2
-RUN_TO_COMPLETION = slots.RUN_TO_COMPLETION
 VICTIM_NEWEST = 0
 
 
@@ -206,7 +203,6 @@ def plan_whole(req_i, req_f, running, n_run, hkeys, hranks, hitems, n_heap, plan
     prompts; otherwise every running request grows (preempting victims while the KV does not
     fit), and a ``mixed`` step then admits whole prompts. Returns ``(n_plan, n_pre, n_heap)``."""
     mark = mark if n_run else 0  # the watermark protects running decodes
-    n_plan = n_pre = 0
     free_seqs = max_seqs - n_run
     if composition == PREFILL_FIRST and n_heap > 0 and free_seqs > 0:
         n_heap, n_plan, _, _, _ = _admit(req_i, hkeys, hranks, hitems, n_heap, plan_idx,

@@ -51,7 +51,7 @@ assert (Q_QUEUED, Q_RUNNING, Q_PREFILL, Q_DECODING, Q_USED) == (
 # numba's on-disk cache of a function notices changes to its own file only: the sources
 # compiled into the routing loop are pinned here (tests/test_compiled_route.py recomputes
 # it; compiled_loop.py pins its own rules), and updating the pin invalidates the cached loop.
-ROUTE_SHA256 = "bc3755e74c8f7aa1c699dd379d9df24d95e56e71a4cb4866d19ebd1e800c8a4e"
+ROUTE_SHA256 = "86bcaa821431db429831c354c37701c3537eb6802eb50e72cf9fc55e04893b13"
 ROUTE_SOURCES = ("sim/core/load_rules.py", "sim/core/load_arrays.py",
                  "sim/engine/compiled_drive.py", "sim/engine/compiled_loop.py")
 

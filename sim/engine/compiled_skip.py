@@ -68,7 +68,7 @@ from sim.engine.compiled_slots import (
 # numba's on-disk cache of a function notices changes to its own file only: the rules these
 # functions compile in are pinned here (tests/test_scheduling.py recomputes it), so a change
 # to one of them invalidates them too, whether they are called from the loop or from Python.
-SKIP_SHA256 = "348856afdb34e2e79bee5a15f9e4f3f98cf310a05a32daa439479c0f783a8420"
+SKIP_SHA256 = "03c106606e2d49a0d421d71b9bef7251a15f202c13aa97aa1adee53f04199775"
 SKIP_SOURCES = ("sim/core/rules.py", "sim/cost/roofline_terms.py", "sim/cost/base.py",
                 "sim/engine/compiled_cost.py", "sim/engine/compiled_plan.py",
                 "sim/engine/compiled_slots.py")

@@ -24,6 +24,7 @@ from sim.core.arrays import TraceArrays
 from sim.core.batching import BatchSpec
 from sim.core.bulk import paused_gc
 from sim.core.errors import InputError
+from sim.core.scheduling import SchedulingSpec
 from sim.core.state import Seq
 from sim.core.types import Request
 from sim.cost.base import CostModel
@@ -328,8 +329,10 @@ def _driven_blocker(driver: ReplicaDriver, horizon_s: float | None,
 def _needs_priority(policy: Policy) -> bool:
     """Whether the specification reads the requests' priorities (its order or victim)."""
     spec = spec_of(policy)
-    return spec is not None and (spec.order in ("priority", "edf")
-                                 or getattr(spec, "victim", "") in ("priority", "deadline"))
+    if spec is None:
+        return False
+    victim = spec.victim if isinstance(spec, SchedulingSpec) else "newest"  # batches: newest
+    return spec.order in ("priority", "edf") or victim in ("priority", "deadline")
 
 
 def _priorities(requests: Sequence[Request] | TraceArrays) -> np.ndarray:
